@@ -1,0 +1,310 @@
+//! Every error the extension raises: SQLSTATE, a message in core PostgreSQL's style, a DETAIL
+//! with the numbers and a HINT with the fix. The pure modules return plain enums; this module
+//! turns them into `ereport(ERROR)`.
+
+use std::io;
+
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+use crate::durable::{self, LayoutRecord};
+use crate::generator::GenerateError;
+use crate::layout::{Epoch, LayoutError, MAX_TIMESTAMP};
+use crate::settings::{self, format_unix_ms, EpochProblem, SettingError};
+
+/// An error ready to be raised.
+#[derive(Debug, Clone)]
+pub struct SnowflakeError {
+    code: PgSqlErrorCode,
+    message: String,
+    detail: String,
+    hint: String,
+}
+
+impl SnowflakeError {
+    fn new(
+        code: PgSqlErrorCode,
+        message: impl Into<String>,
+        detail: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        SnowflakeError {
+            code,
+            message: message.into(),
+            detail: detail.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// An internal error (XX000) for states that should be impossible.
+    pub fn internal(message: String) -> Self {
+        SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+            message,
+            "This is a bug in the snowflake extension.",
+            "Report it with the statement that caused it.",
+        )
+    }
+
+    /// Logs the error as a WARNING (used at server start).
+    pub fn warn(self) {
+        ErrorReport::new(self.code, self.message, "_PG_init")
+            .set_detail(self.detail)
+            .set_hint(self.hint)
+            .report(PgLogLevel::WARNING);
+    }
+
+    /// Raises the error (`ereport(ERROR)`); never returns.
+    pub fn raise(self, function: &'static str) -> ! {
+        ErrorReport::new(self.code, self.message, function)
+            .set_detail(self.detail)
+            .set_hint(self.hint)
+            .report(PgLogLevel::ERROR);
+        unreachable!("ereport(ERROR) returned")
+    }
+}
+
+/// Shorthand for fallible steps inside the SQL functions.
+pub type Result<T> = std::result::Result<T, SnowflakeError>;
+
+fn ms(unix_ms: i64) -> String {
+    format!("{} ({unix_ms} ms)", format_unix_ms(unix_ms))
+}
+
+/// The library was not loaded through `shared_preload_libraries`.
+pub fn not_preloaded(function: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "snowflake must be loaded via \"shared_preload_libraries\"",
+        format!("{function}() keeps its state in shared memory, which exists only when the library is preloaded."),
+        "Add 'snowflake' to shared_preload_libraries in postgresql.conf, set snowflake.worker_id, and restart the server.",
+    )
+}
+
+/// A setting is unusable.
+pub fn setting(err: &SettingError) -> SnowflakeError {
+    let code = PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+    match err {
+        SettingError::Unset { name } => SnowflakeError::new(
+            code,
+            format!("{name} is not set"),
+            "Every server that generates IDs needs its own worker id between 0 and 31. There is no default, so that two servers cannot share one by accident.",
+            format!("Set {name} in postgresql.conf (or with ALTER SYSTEM) and restart the server."),
+        ),
+        SettingError::NotAnInteger { name, value } => SnowflakeError::new(
+            code,
+            format!("invalid value for parameter \"{name}\": \"{value}\""),
+            format!("{name} must be an integer."),
+            format!("Correct {name} in postgresql.conf and restart the server."),
+        ),
+        SettingError::OutOfRange { name, value, min, max } => SnowflakeError::new(
+            code,
+            format!("invalid value for parameter \"{name}\": \"{value}\""),
+            format!("{value} is outside the valid range for parameter \"{name}\" ({min} .. {max})."),
+            format!("Correct {name} in postgresql.conf and restart the server."),
+        ),
+        SettingError::BadEpoch { value, reason } => SnowflakeError::new(
+            code,
+            format!("invalid value for parameter \"{}\": \"{value}\"", settings::EPOCH),
+            format!("The value is unusable because {reason}."),
+            format!(
+                "Set {} to Unix milliseconds or to an ISO-8601 timestamp with time zone, such as '{}', and restart the server.",
+                settings::EPOCH,
+                settings::DEFAULT_EPOCH_TEXT
+            ),
+        ),
+    }
+}
+
+/// The epoch cannot be used at the current time.
+pub fn epoch_problem(problem: EpochProblem) -> SnowflakeError {
+    let code = PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+    match problem {
+        EpochProblem::InFuture { epoch_ms, now_ms } => SnowflakeError::new(
+            code,
+            format!("{} is in the future", settings::EPOCH),
+            format!(
+                "The epoch is {}; the clock reads {}.",
+                ms(epoch_ms),
+                ms(now_ms)
+            ),
+            format!(
+                "Set {} to a time in the past and restart the server.",
+                settings::EPOCH
+            ),
+        ),
+        EpochProblem::Exhausted {
+            epoch_ms,
+            now_ms,
+            last_ms,
+        } => SnowflakeError::new(
+            code,
+            "the current time is beyond the range of snowflake IDs",
+            format!(
+                "With epoch {}, 41 bits of milliseconds end at {}; the clock reads {}.",
+                ms(epoch_ms),
+                ms(last_ms),
+                ms(now_ms)
+            ),
+            format!(
+                "Check the system clock; if it is right, a new cluster with a later {} is needed.",
+                settings::EPOCH
+            ),
+        ),
+    }
+}
+
+/// `snowflake_next()` on a hot standby.
+pub fn in_recovery(function: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        format!("cannot execute {function}() during recovery"),
+        "A standby usually runs with its primary's configuration, and so with its worker id; IDs generated there could collide with the primary's.",
+        "Generate IDs on the primary server.",
+    )
+}
+
+/// The generator refused.
+pub fn generate(err: GenerateError, epoch: Epoch) -> SnowflakeError {
+    match err {
+        GenerateError::ClockBehind {
+            step_back_ms,
+            ahead_ms,
+            max_drift_ms,
+        } => SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_SYSTEM_ERROR,
+            format!("system clock moved backwards by {step_back_ms} ms"),
+            format!(
+                "The next ID would be {ahead_ms} ms ahead of the clock; at most {max_drift_ms} ms is allowed. No ID was issued."
+            ),
+            "Wait until the clock catches up with the last issued ID, or correct the server's time source.",
+        ),
+        GenerateError::TimestampExhausted { timestamp } => SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "the current time is beyond the range of snowflake IDs",
+            format!(
+                "Timestamp {timestamp} does not fit in 41 bits; with epoch {}, IDs end at {}.",
+                ms(epoch.unix_ms()),
+                ms(epoch.to_unix_ms(MAX_TIMESTAMP))
+            ),
+            format!("Check the system clock; if it is right, a new cluster with a later {} is needed.", settings::EPOCH),
+        ),
+    }
+}
+
+/// The wall clock did not advance while waiting for it.
+pub fn clock_stalled(waited_ms: u64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_SYSTEM_ERROR,
+        "system clock is not advancing",
+        format!(
+            "Waited {waited_ms} ms for the clock to reach the last issued ID. No ID was issued."
+        ),
+        "Check the server's time source.",
+    )
+}
+
+/// The configured layout differs from the one recorded in the data directory.
+pub fn layout_mismatch(recorded: &LayoutRecord, configured: &LayoutRecord) -> SnowflakeError {
+    let code = PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+    if recorded.epoch_ms != configured.epoch_ms {
+        SnowflakeError::new(
+            code,
+            format!("{} does not match the epoch recorded for this cluster", settings::EPOCH),
+            format!(
+                "IDs of this cluster were generated with epoch {}, but {} is now {}. Decoding them with another epoch would give wrong times.",
+                ms(recorded.epoch_ms),
+                settings::EPOCH,
+                ms(configured.epoch_ms)
+            ),
+            format!(
+                "Set {} = '{}' in postgresql.conf and restart the server.",
+                settings::EPOCH,
+                format_unix_ms(recorded.epoch_ms)
+            ),
+        )
+    } else {
+        SnowflakeError::new(
+            code,
+            "the snowflake ID layout does not match the layout recorded for this cluster",
+            format!(
+                "Recorded bits (timestamp/datacenter/worker/sequence): {}/{}/{}/{}; this build: {}/{}/{}/{}.",
+                recorded.timestamp_bits,
+                recorded.datacenter_bits,
+                recorded.worker_bits,
+                recorded.sequence_bits,
+                configured.timestamp_bits,
+                configured.datacenter_bits,
+                configured.worker_bits,
+                configured.sequence_bits
+            ),
+            "Install the version of the extension that generated this cluster's IDs.",
+        )
+    }
+}
+
+/// Reading or writing the state file failed.
+pub fn state_file(err: &io::Error, writing: bool) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!(
+            "could not {} file \"{}\": {err}",
+            if writing { "write" } else { "read" },
+            durable::STATE_FILE
+        ),
+        "The file in the data directory records the ID layout of this cluster. No ID was issued.",
+        if err.kind() == io::ErrorKind::InvalidData {
+            "Restore the file from a backup of this data directory. Removing it is safe only if no stored ID was generated with a different snowflake.epoch."
+        } else {
+            "Check the permissions and free space of the data directory."
+        },
+    )
+}
+
+/// Decode-side: an ID or a timestamp outside the layout.
+pub fn layout(err: LayoutError) -> SnowflakeError {
+    match err {
+        LayoutError::NegativeId(id) => SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            format!("snowflake ID {id} is out of range"),
+            "Snowflake IDs are between 0 and 9223372036854775807: bit 63 is always 0.",
+            "Pass an ID made by snowflake_next() or by another Snowflake generator.",
+        ),
+        LayoutError::BeforeEpoch { unix_ms, epoch_ms } => SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+            "timestamp out of range for a snowflake ID",
+            format!("{} is before the epoch {}.", ms(unix_ms), ms(epoch_ms)),
+            format!(
+                "Use a timestamp at or after {} (set by {}).",
+                format_unix_ms(epoch_ms),
+                settings::EPOCH
+            ),
+        ),
+        LayoutError::AfterRange { unix_ms, last_ms } => SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+            "timestamp out of range for a snowflake ID",
+            format!(
+                "{} is after {}, the last millisecond that 41 bits can hold.",
+                ms(unix_ms),
+                ms(last_ms)
+            ),
+            format!("Use a timestamp at or before {}.", format_unix_ms(last_ms)),
+        ),
+        LayoutError::FieldOutOfRange { field, value, max } => SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            format!("snowflake {field} {value} is out of range"),
+            format!("{field} must be between 0 and {max}."),
+            format!("Use a {field} between 0 and {max}."),
+        ),
+    }
+}
+
+/// Decode-side: an infinite timestamp.
+pub fn infinite_timestamp() -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
+        "timestamp out of range for a snowflake ID",
+        "Infinite timestamps have no snowflake ID.",
+        "Use a finite timestamp.",
+    )
+}

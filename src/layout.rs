@@ -1,0 +1,385 @@
+//! The 64-bit Snowflake layout, in plain Rust (no pgrx).
+//!
+//! ```text
+//!  63 62                                   22 21      17 16      12 11          0
+//! +--+---------------------------------------+----------+----------+-------------+
+//! | 0| milliseconds since the epoch (41 bits)| dc (5)   | worker(5)| sequence(12)|
+//! +--+---------------------------------------+----------+----------+-------------+
+//! ```
+//!
+//! This is Twitter's original layout: `id = ms << 22 | datacenter << 17 | worker << 12 | seq`.
+//! Discord uses the same bit positions with another epoch.
+
+/// Bits of milliseconds since the epoch.
+pub const TIMESTAMP_BITS: u32 = 41;
+/// Bits of datacenter id.
+pub const DATACENTER_BITS: u32 = 5;
+/// Bits of worker id.
+pub const WORKER_BITS: u32 = 5;
+/// Bits of sequence within one millisecond.
+pub const SEQUENCE_BITS: u32 = 12;
+
+/// Position of the lowest worker-id bit.
+pub const WORKER_SHIFT: u32 = SEQUENCE_BITS;
+/// Position of the lowest datacenter-id bit.
+pub const DATACENTER_SHIFT: u32 = WORKER_SHIFT + WORKER_BITS;
+/// Position of the lowest timestamp bit.
+pub const TIMESTAMP_SHIFT: u32 = DATACENTER_SHIFT + DATACENTER_BITS;
+
+/// Largest datacenter id (31).
+pub const MAX_DATACENTER_ID: u8 = (1 << DATACENTER_BITS) - 1;
+/// Largest worker id (31).
+pub const MAX_WORKER_ID: u8 = (1 << WORKER_BITS) - 1;
+/// Largest sequence number within one millisecond (4095).
+pub const MAX_SEQUENCE: u16 = (1 << SEQUENCE_BITS) - 1;
+/// Largest timestamp, in milliseconds since the epoch (2^41 - 1, about 69.7 years).
+pub const MAX_TIMESTAMP: u64 = (1 << TIMESTAMP_BITS) - 1;
+/// IDs one worker can issue per millisecond.
+pub const IDS_PER_MS: u32 = 1 << SEQUENCE_BITS;
+
+/// Twitter's epoch, 2010-11-04T01:42:54.657Z, in Unix milliseconds. Our default.
+pub const TWITTER_EPOCH_MS: i64 = 1_288_834_974_657;
+/// Discord's epoch, 2015-01-01T00:00:00Z, in Unix milliseconds.
+pub const DISCORD_EPOCH_MS: i64 = 1_420_070_400_000;
+
+/// The fields of one ID, with the timestamp still relative to the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Parts {
+    /// Milliseconds since the epoch (0 ..= [`MAX_TIMESTAMP`]).
+    pub timestamp: u64,
+    /// Datacenter id (0 ..= 31).
+    pub datacenter_id: u8,
+    /// Worker id (0 ..= 31).
+    pub worker_id: u8,
+    /// Sequence within the millisecond (0 ..= 4095).
+    pub sequence: u16,
+}
+
+/// Why a value does not fit the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutError {
+    /// IDs are non-negative: bit 63 is always 0.
+    NegativeId(i64),
+    /// A field is wider than its bits.
+    FieldOutOfRange {
+        /// Which field.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest value that fits.
+        max: u64,
+    },
+    /// A time before the epoch.
+    BeforeEpoch {
+        /// The time, in Unix milliseconds.
+        unix_ms: i64,
+        /// The epoch, in Unix milliseconds.
+        epoch_ms: i64,
+    },
+    /// A time after the last millisecond that 41 bits can hold.
+    AfterRange {
+        /// The time, in Unix milliseconds.
+        unix_ms: i64,
+        /// The last representable time, in Unix milliseconds.
+        last_ms: i64,
+    },
+}
+
+/// Packs the fields into an ID, checking every field's range.
+pub fn pack(parts: Parts) -> Result<i64, LayoutError> {
+    check_field("timestamp", parts.timestamp, MAX_TIMESTAMP)?;
+    check_field(
+        "datacenter_id",
+        parts.datacenter_id.into(),
+        MAX_DATACENTER_ID.into(),
+    )?;
+    check_field("worker_id", parts.worker_id.into(), MAX_WORKER_ID.into())?;
+    check_field("sequence", parts.sequence.into(), MAX_SEQUENCE.into())?;
+    Ok(pack_unchecked(parts))
+}
+
+/// Packs fields already known to be in range (the generator's hot path).
+#[inline]
+pub const fn pack_unchecked(parts: Parts) -> i64 {
+    ((parts.timestamp << TIMESTAMP_SHIFT)
+        | ((parts.datacenter_id as u64) << DATACENTER_SHIFT)
+        | ((parts.worker_id as u64) << WORKER_SHIFT)
+        | parts.sequence as u64) as i64
+}
+
+/// Splits an ID into its fields. Every non-negative `i64` is a valid ID.
+pub fn unpack(id: i64) -> Result<Parts, LayoutError> {
+    if id < 0 {
+        return Err(LayoutError::NegativeId(id));
+    }
+    let bits = id as u64;
+    Ok(Parts {
+        timestamp: bits >> TIMESTAMP_SHIFT,
+        datacenter_id: ((bits >> DATACENTER_SHIFT) & u64::from(MAX_DATACENTER_ID)) as u8,
+        worker_id: ((bits >> WORKER_SHIFT) & u64::from(MAX_WORKER_ID)) as u8,
+        sequence: (bits & u64::from(MAX_SEQUENCE)) as u16,
+    })
+}
+
+fn check_field(field: &'static str, value: u64, max: u64) -> Result<(), LayoutError> {
+    if value > max {
+        Err(LayoutError::FieldOutOfRange { field, value, max })
+    } else {
+        Ok(())
+    }
+}
+
+/// An epoch: the Unix millisecond that timestamp 0 stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Epoch {
+    unix_ms: i64,
+}
+
+impl Epoch {
+    /// Twitter's epoch, the default.
+    pub const TWITTER: Epoch = Epoch {
+        unix_ms: TWITTER_EPOCH_MS,
+    };
+
+    /// Latest epoch accepted: 9999-12-31T23:59:59.999Z, so that every decoded time fits a
+    /// PostgreSQL timestamp.
+    pub const MAX_UNIX_MS: i64 = 253_402_300_799_999;
+
+    /// An epoch at `unix_ms` (1970-01-01 ..= [`Epoch::MAX_UNIX_MS`]).
+    pub const fn from_unix_ms(unix_ms: i64) -> Option<Epoch> {
+        if unix_ms < 0 || unix_ms > Self::MAX_UNIX_MS {
+            None
+        } else {
+            Some(Epoch { unix_ms })
+        }
+    }
+
+    /// The epoch in Unix milliseconds.
+    pub const fn unix_ms(self) -> i64 {
+        self.unix_ms
+    }
+
+    /// The last Unix millisecond an ID can stand for.
+    pub const fn last_unix_ms(self) -> i64 {
+        self.unix_ms + MAX_TIMESTAMP as i64
+    }
+
+    /// Unix milliseconds of a timestamp relative to this epoch.
+    pub const fn to_unix_ms(self, timestamp: u64) -> i64 {
+        self.unix_ms + timestamp as i64
+    }
+
+    /// Milliseconds since this epoch of a Unix millisecond, if 41 bits can hold them.
+    pub fn timestamp_of(self, unix_ms: i64) -> Result<u64, LayoutError> {
+        if unix_ms < self.unix_ms {
+            Err(LayoutError::BeforeEpoch {
+                unix_ms,
+                epoch_ms: self.unix_ms,
+            })
+        } else if unix_ms > self.last_unix_ms() {
+            Err(LayoutError::AfterRange {
+                unix_ms,
+                last_ms: self.last_unix_ms(),
+            })
+        } else {
+            Ok((unix_ms - self.unix_ms) as u64)
+        }
+    }
+
+    /// The smallest ID of the millisecond `unix_ms`: datacenter, worker and sequence all 0.
+    pub fn first_id_at(self, unix_ms: i64) -> Result<i64, LayoutError> {
+        let timestamp = self.timestamp_of(unix_ms)?;
+        Ok(pack_unchecked(Parts {
+            timestamp,
+            datacenter_id: 0,
+            worker_id: 0,
+            sequence: 0,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Wikipedia's "Snowflake ID" article, section "Example": the @Wikipedia tweet
+    /// 1541815603606036480 has timestamp bits 367597485448, Twitter epoch 1288834974657,
+    /// so Unix time 1656432460.105 (2022-06-28 16:07:40.105 UTC); machine id bits
+    /// 01 0111 1010 (378 = datacenter 11, worker 26); sequence 0.
+    /// <https://en.wikipedia.org/wiki/Snowflake_ID#Example>
+    #[test]
+    fn decodes_wikipedia_twitter_example() {
+        let parts = unpack(1_541_815_603_606_036_480).unwrap();
+        assert_eq!(parts.timestamp, 367_597_485_448);
+        assert_eq!(
+            Epoch::TWITTER.to_unix_ms(parts.timestamp),
+            1_656_432_460_105
+        );
+        assert_eq!(
+            (u16::from(parts.datacenter_id) << WORKER_BITS) | u16::from(parts.worker_id),
+            378
+        );
+        assert_eq!((parts.datacenter_id, parts.worker_id), (11, 26));
+        assert_eq!(parts.sequence, 0);
+        assert_eq!(pack(parts), Ok(1_541_815_603_606_036_480));
+    }
+
+    /// Discord developer documentation, Reference, "Snowflakes" (the ID format table):
+    /// 175928847299117063 is 41944705796 ms after the Discord epoch
+    /// (1462015105796 = 2016-04-30T11:18:25.796Z), internal worker id 1 (bits 21-17, our
+    /// datacenter field), internal process id 0 (bits 16-12, our worker field), increment 7.
+    /// <https://discord.com/developers/docs/reference#snowflakes>
+    #[test]
+    fn decodes_discord_documentation_example() {
+        let parts = unpack(175_928_847_299_117_063).unwrap();
+        assert_eq!(parts.timestamp, 41_944_705_796);
+        let discord = Epoch::from_unix_ms(DISCORD_EPOCH_MS).unwrap();
+        assert_eq!(discord.to_unix_ms(parts.timestamp), 1_462_015_105_796);
+        assert_eq!(parts.datacenter_id, 1);
+        assert_eq!(parts.worker_id, 0);
+        assert_eq!(parts.sequence, 7);
+        assert_eq!(pack(parts), Ok(175_928_847_299_117_063));
+    }
+
+    #[test]
+    fn extremes() {
+        let max = Parts {
+            timestamp: MAX_TIMESTAMP,
+            datacenter_id: MAX_DATACENTER_ID,
+            worker_id: MAX_WORKER_ID,
+            sequence: MAX_SEQUENCE,
+        };
+        assert_eq!(pack(max), Ok(i64::MAX));
+        assert_eq!(unpack(i64::MAX), Ok(max));
+        assert_eq!(unpack(0).unwrap().timestamp, 0);
+        assert_eq!(unpack(-1), Err(LayoutError::NegativeId(-1)));
+        assert_eq!(unpack(i64::MIN), Err(LayoutError::NegativeId(i64::MIN)));
+    }
+
+    #[test]
+    fn pack_rejects_wide_fields() {
+        let ok = Parts {
+            timestamp: 1,
+            datacenter_id: 1,
+            worker_id: 1,
+            sequence: 1,
+        };
+        assert!(matches!(
+            pack(Parts {
+                timestamp: MAX_TIMESTAMP + 1,
+                ..ok
+            }),
+            Err(LayoutError::FieldOutOfRange {
+                field: "timestamp",
+                ..
+            })
+        ));
+        assert!(matches!(
+            pack(Parts {
+                datacenter_id: 32,
+                ..ok
+            }),
+            Err(LayoutError::FieldOutOfRange {
+                field: "datacenter_id",
+                value: 32,
+                max: 31
+            })
+        ));
+        assert!(matches!(
+            pack(Parts {
+                worker_id: 32,
+                ..ok
+            }),
+            Err(LayoutError::FieldOutOfRange {
+                field: "worker_id",
+                ..
+            })
+        ));
+        assert!(matches!(
+            pack(Parts {
+                sequence: 4096,
+                ..ok
+            }),
+            Err(LayoutError::FieldOutOfRange {
+                field: "sequence",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn epoch_bounds() {
+        let e = Epoch::TWITTER;
+        assert_eq!(e.timestamp_of(TWITTER_EPOCH_MS), Ok(0));
+        assert_eq!(
+            e.timestamp_of(TWITTER_EPOCH_MS - 1),
+            Err(LayoutError::BeforeEpoch {
+                unix_ms: TWITTER_EPOCH_MS - 1,
+                epoch_ms: TWITTER_EPOCH_MS
+            })
+        );
+        // The default epoch lasts until 2080-07-10T17:30:30.208Z.
+        assert_eq!(e.last_unix_ms(), 3_487_858_230_208);
+        assert_eq!(e.timestamp_of(e.last_unix_ms()), Ok(MAX_TIMESTAMP));
+        assert!(matches!(
+            e.timestamp_of(e.last_unix_ms() + 1),
+            Err(LayoutError::AfterRange { .. })
+        ));
+        assert_eq!(e.first_id_at(TWITTER_EPOCH_MS + 1), Ok(1 << 22));
+        assert_eq!(Epoch::from_unix_ms(-1), None);
+        assert_eq!(Epoch::from_unix_ms(i64::MAX), None);
+        assert!(Epoch::from_unix_ms(Epoch::MAX_UNIX_MS).is_some());
+        assert_eq!(Epoch::from_unix_ms(Epoch::MAX_UNIX_MS + 1), None);
+    }
+
+    fn any_parts() -> impl Strategy<Value = Parts> {
+        (
+            0..=MAX_TIMESTAMP,
+            0..=MAX_DATACENTER_ID,
+            0..=MAX_WORKER_ID,
+            0..=MAX_SEQUENCE,
+        )
+            .prop_map(|(timestamp, datacenter_id, worker_id, sequence)| Parts {
+                timestamp,
+                datacenter_id,
+                worker_id,
+                sequence,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn pack_unpack_round_trip(parts in any_parts()) {
+            let id = pack(parts).unwrap();
+            prop_assert!(id >= 0);
+            prop_assert_eq!(unpack(id).unwrap(), parts);
+        }
+
+        #[test]
+        fn unpack_pack_round_trip(id in 0..=i64::MAX) {
+            prop_assert_eq!(pack(unpack(id).unwrap()).unwrap(), id);
+        }
+
+        #[test]
+        fn order_follows_fields(a in any_parts(), b in any_parts()) {
+            let key = |p: Parts| (p.timestamp, p.datacenter_id, p.worker_id, p.sequence);
+            prop_assert_eq!(pack(a).unwrap().cmp(&pack(b).unwrap()), key(a).cmp(&key(b)));
+        }
+
+        #[test]
+        fn first_id_is_the_smallest_of_its_millisecond(parts in any_parts()) {
+            let e = Epoch::TWITTER;
+            let first = e.first_id_at(e.to_unix_ms(parts.timestamp)).unwrap();
+            let id = pack(parts).unwrap();
+            prop_assert!(first <= id);
+            prop_assert!(id < first + (1 << TIMESTAMP_SHIFT));
+        }
+
+        #[test]
+        fn timestamp_of_inverts_to_unix_ms(ts in 0..=MAX_TIMESTAMP, epoch in 0i64..4_000_000_000_000) {
+            let e = Epoch::from_unix_ms(epoch).unwrap();
+            prop_assert_eq!(e.timestamp_of(e.to_unix_ms(ts)), Ok(ts));
+        }
+    }
+}

@@ -1,0 +1,517 @@
+//! Parsing and validation of the configuration, in plain Rust (no pgrx).
+//!
+//! The GUCs are declared as strings (see `gucs.rs`) so that a bad value in `postgresql.conf`
+//! reaches this code instead of being replaced by PostgreSQL's built-in default with only a
+//! WARNING in the log. Every value is checked here, and a bad one makes generation refuse.
+
+use crate::layout::{Epoch, MAX_DATACENTER_ID, MAX_TIMESTAMP, MAX_WORKER_ID, TWITTER_EPOCH_MS};
+
+/// Name of the worker id setting.
+pub const WORKER_ID: &str = "snowflake.worker_id";
+/// Name of the datacenter id setting.
+pub const DATACENTER_ID: &str = "snowflake.datacenter_id";
+/// Name of the epoch setting.
+pub const EPOCH: &str = "snowflake.epoch";
+/// The default epoch as it is written in `postgresql.conf`.
+pub const DEFAULT_EPOCH_TEXT: &str = "2010-11-04 01:42:54.657+00";
+
+/// A configuration that passed validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// `snowflake.worker_id`.
+    pub worker_id: u8,
+    /// `snowflake.datacenter_id`.
+    pub datacenter_id: u8,
+    /// `snowflake.epoch`.
+    pub epoch: Epoch,
+}
+
+/// Why a setting is unusable. Each variant names the setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingError {
+    /// A required setting has no value.
+    Unset {
+        /// Setting name.
+        name: &'static str,
+    },
+    /// The value is not an integer.
+    NotAnInteger {
+        /// Setting name.
+        name: &'static str,
+        /// The raw value.
+        value: String,
+    },
+    /// The value is an integer outside the allowed range.
+    OutOfRange {
+        /// Setting name.
+        name: &'static str,
+        /// The raw value.
+        value: String,
+        /// Smallest allowed.
+        min: i64,
+        /// Largest allowed.
+        max: i64,
+    },
+    /// The epoch is neither Unix milliseconds nor an ISO-8601 timestamp with time zone.
+    BadEpoch {
+        /// The raw value.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+impl Config {
+    /// Validates the three raw setting values. `None` means the setting is absent.
+    pub fn parse(
+        worker_id: Option<&str>,
+        datacenter_id: Option<&str>,
+        epoch: Option<&str>,
+    ) -> Result<Config, SettingError> {
+        let worker_id = parse_node_id(WORKER_ID, worker_id, None, MAX_WORKER_ID)?;
+        let datacenter_id =
+            parse_node_id(DATACENTER_ID, datacenter_id, Some(0), MAX_DATACENTER_ID)?;
+        let epoch = parse_epoch_setting(epoch)?;
+        Ok(Config {
+            worker_id,
+            datacenter_id,
+            epoch,
+        })
+    }
+}
+
+/// Parses an id setting (0 ..= max). Empty or absent gives `default`, or `Unset` without one.
+pub fn parse_node_id(
+    name: &'static str,
+    raw: Option<&str>,
+    default: Option<u8>,
+    max: u8,
+) -> Result<u8, SettingError> {
+    let text = raw.map(str::trim).unwrap_or("");
+    if text.is_empty() {
+        return default.ok_or(SettingError::Unset { name });
+    }
+    let value: i64 = text.parse().map_err(|_| {
+        if is_integer_shaped(text) {
+            // Too many digits for i64: still an integer, just out of range.
+            SettingError::OutOfRange {
+                name,
+                value: text.to_string(),
+                min: 0,
+                max: max.into(),
+            }
+        } else {
+            SettingError::NotAnInteger {
+                name,
+                value: text.to_string(),
+            }
+        }
+    })?;
+    u8::try_from(value)
+        .ok()
+        .filter(|v| *v <= max)
+        .ok_or(SettingError::OutOfRange {
+            name,
+            value: text.to_string(),
+            min: 0,
+            max: max.into(),
+        })
+}
+
+fn is_integer_shaped(text: &str) -> bool {
+    let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Parses the raw `snowflake.epoch` value; absent or empty means Twitter's epoch.
+pub fn parse_epoch_setting(raw: Option<&str>) -> Result<Epoch, SettingError> {
+    match raw.map(str::trim) {
+        None | Some("") => Ok(Epoch::TWITTER),
+        Some(text) => parse_epoch(text),
+    }
+}
+
+/// Parses `snowflake.epoch`: integer Unix milliseconds, or an ISO-8601 timestamp with a time
+/// zone such as `2010-11-04 01:42:54.657+00` or `2015-01-01T00:00:00Z`.
+pub fn parse_epoch(text: &str) -> Result<Epoch, SettingError> {
+    let bad = |reason| SettingError::BadEpoch {
+        value: text.to_string(),
+        reason,
+    };
+    let unix_ms = if is_integer_shaped(text) {
+        text.parse::<i64>()
+            .map_err(|_| bad("the number does not fit in 64 bits"))?
+    } else {
+        parse_iso8601_ms(text).map_err(bad)?
+    };
+    if unix_ms < 0 {
+        return Err(bad("it is before 1970-01-01"));
+    }
+    Epoch::from_unix_ms(unix_ms).ok_or_else(|| bad("it is after the year 9999"))
+}
+
+/// Why an epoch cannot be used at the current time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochProblem {
+    /// The epoch is later than now.
+    InFuture {
+        /// Epoch, Unix ms.
+        epoch_ms: i64,
+        /// Now, Unix ms.
+        now_ms: i64,
+    },
+    /// Now is beyond the 41-bit range counted from the epoch.
+    Exhausted {
+        /// Epoch, Unix ms.
+        epoch_ms: i64,
+        /// Now, Unix ms.
+        now_ms: i64,
+        /// Last representable ms.
+        last_ms: i64,
+    },
+}
+
+/// Checks that `now_ms` falls inside the 41-bit range of `epoch`.
+pub fn check_epoch_at(epoch: Epoch, now_ms: i64) -> Result<(), EpochProblem> {
+    let epoch_ms = epoch.unix_ms();
+    if now_ms < epoch_ms {
+        Err(EpochProblem::InFuture { epoch_ms, now_ms })
+    } else if (now_ms - epoch_ms) as u64 > MAX_TIMESTAMP {
+        Err(EpochProblem::Exhausted {
+            epoch_ms,
+            now_ms,
+            last_ms: epoch.last_unix_ms(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// The default epoch, in Unix ms (for documentation and tests).
+pub const DEFAULT_EPOCH_MS: i64 = TWITTER_EPOCH_MS;
+
+/// A small ISO-8601 parser: `YYYY-MM-DD[T| ]HH:MM[:SS[.fff]]` followed by `Z`, `UTC`, or
+/// `±HH[[:]MM]`. The zone is required, so a server's `TimeZone` can never shift the epoch.
+fn parse_iso8601_ms(text: &str) -> Result<i64, &'static str> {
+    const FORMAT: &str =
+        "it is neither Unix milliseconds nor a timestamp like 2010-11-04 01:42:54.657+00";
+    let mut p = Cursor {
+        s: text.as_bytes(),
+        i: 0,
+    };
+    let year = p.digits(4).ok_or(FORMAT)?;
+    p.expect(b'-').ok_or(FORMAT)?;
+    let month = p.digits(2).ok_or(FORMAT)?;
+    p.expect(b'-').ok_or(FORMAT)?;
+    let day = p.digits(2).ok_or(FORMAT)?;
+    if !(p.eat(b'T') || p.eat(b't') || p.eat(b' ')) {
+        return Err("it has no time of day and time zone, as in 2010-11-04 01:42:54.657+00");
+    }
+    let hour = p.digits(2).ok_or(FORMAT)?;
+    p.expect(b':').ok_or(FORMAT)?;
+    let minute = p.digits(2).ok_or(FORMAT)?;
+    let mut second = 0;
+    let mut millis = 0;
+    if p.eat(b':') {
+        second = p.digits(2).ok_or(FORMAT)?;
+        if p.eat(b'.') || p.eat(b',') {
+            let start = p.i;
+            let mut scale = 100;
+            while let Some(d) = p.digit() {
+                if scale == 0 {
+                    if d != 0 {
+                        return Err("it has a fraction finer than one millisecond");
+                    }
+                } else {
+                    millis += i64::from(d) * scale;
+                    scale /= 10;
+                }
+            }
+            if p.i == start {
+                return Err(FORMAT);
+            }
+        }
+    }
+    while p.eat(b' ') {}
+    let offset_minutes = if p.eat(b'Z') || p.eat(b'z') {
+        0
+    } else if p.rest().eq_ignore_ascii_case(b"UTC") {
+        p.i += 3;
+        0
+    } else if let Some(sign) = p.sign() {
+        let hours = p.digits(2).ok_or(FORMAT)?;
+        p.eat(b':');
+        let minutes = if p.at_end() {
+            0
+        } else {
+            p.digits(2).ok_or(FORMAT)?
+        };
+        if hours > 15 || minutes > 59 {
+            return Err("its time zone offset is out of range");
+        }
+        sign * (hours * 60 + minutes)
+    } else if p.at_end() {
+        return Err("it has no time zone; add one, as in 2010-11-04 01:42:54.657+00");
+    } else {
+        return Err(FORMAT);
+    };
+    if !p.at_end() {
+        return Err(FORMAT);
+    }
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > days_in_month(year, month)
+        || hour > 23
+        || minute > 59
+        || second > 59
+    {
+        return Err("it is not a valid date and time");
+    }
+    let days = days_from_civil(year, month, day);
+    let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second - offset_minutes * 60;
+    Ok(seconds * 1_000 + millis)
+}
+
+struct Cursor<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Cursor<'_> {
+    fn digit(&mut self) -> Option<u8> {
+        let b = *self.s.get(self.i)?;
+        if b.is_ascii_digit() {
+            self.i += 1;
+            Some(b - b'0')
+        } else {
+            None
+        }
+    }
+    fn digits(&mut self, n: usize) -> Option<i64> {
+        let mut v = 0i64;
+        for _ in 0..n {
+            v = v * 10 + i64::from(self.digit()?);
+        }
+        Some(v)
+    }
+    fn eat(&mut self, b: u8) -> bool {
+        if self.s.get(self.i) == Some(&b) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn expect(&mut self, b: u8) -> Option<()> {
+        self.eat(b).then_some(())
+    }
+    fn sign(&mut self) -> Option<i64> {
+        if self.eat(b'+') {
+            Some(1)
+        } else if self.eat(b'-') {
+            Some(-1)
+        } else {
+            None
+        }
+    }
+    fn rest(&self) -> &[u8] {
+        &self.s[self.i..]
+    }
+    fn at_end(&self) -> bool {
+        self.i == self.s.len()
+    }
+}
+
+fn is_leap(year: i64) -> bool {
+    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
+}
+
+fn days_in_month(year: i64, month: i64) -> i64 {
+    match month {
+        2 if is_leap(year) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Civil date (year, month, day) of a day number since 1970-01-01 (Howard Hinnant's algorithm).
+pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// Formats Unix milliseconds as `YYYY-MM-DD HH:MM:SS.mmm+00`, the form messages use.
+pub fn format_unix_ms(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let rem = ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}+00",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::DISCORD_EPOCH_MS;
+    use proptest::prelude::*;
+
+    #[test]
+    fn worker_id_is_required() {
+        assert_eq!(
+            Config::parse(None, None, None),
+            Err(SettingError::Unset { name: WORKER_ID })
+        );
+        assert_eq!(
+            Config::parse(Some("  "), None, None),
+            Err(SettingError::Unset { name: WORKER_ID })
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::parse(Some("7"), None, None).unwrap();
+        assert_eq!(c.worker_id, 7);
+        assert_eq!(c.datacenter_id, 0);
+        assert_eq!(c.epoch.unix_ms(), TWITTER_EPOCH_MS);
+        assert_eq!(
+            parse_epoch(DEFAULT_EPOCH_TEXT).unwrap().unix_ms(),
+            DEFAULT_EPOCH_MS
+        );
+    }
+
+    #[test]
+    fn ids_out_of_range() {
+        for bad in ["32", "-1", "1000", "99999999999999999999999"] {
+            assert!(
+                matches!(
+                    parse_node_id(WORKER_ID, Some(bad), None, 31),
+                    Err(SettingError::OutOfRange {
+                        min: 0,
+                        max: 31,
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
+        }
+        for bad in ["abc", "1.5", "0x1", "seven", "3 4"] {
+            assert!(
+                matches!(
+                    parse_node_id(DATACENTER_ID, Some(bad), Some(0), 31),
+                    Err(SettingError::NotAnInteger { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_node_id(WORKER_ID, Some(" 31 "), None, 31), Ok(31));
+        assert_eq!(parse_node_id(WORKER_ID, Some("+0"), None, 31), Ok(0));
+    }
+
+    #[test]
+    fn epoch_forms() {
+        let ms = |s| parse_epoch(s).map(Epoch::unix_ms);
+        assert_eq!(ms("1288834974657"), Ok(TWITTER_EPOCH_MS));
+        assert_eq!(ms("2010-11-04T01:42:54.657Z"), Ok(TWITTER_EPOCH_MS));
+        assert_eq!(ms("2010-11-04 01:42:54.657 UTC"), Ok(TWITTER_EPOCH_MS));
+        assert_eq!(ms("2010-11-03 20:42:54.657-05"), Ok(TWITTER_EPOCH_MS));
+        assert_eq!(ms("2010-11-04 07:12:54.657+05:30"), Ok(TWITTER_EPOCH_MS));
+        assert_eq!(ms("2010-11-04 07:12:54.657+0530"), Ok(TWITTER_EPOCH_MS));
+        assert_eq!(ms("2010-11-04 01:42:54.657000+00"), Ok(TWITTER_EPOCH_MS));
+        assert_eq!(ms("2015-01-01T00:00:00Z"), Ok(DISCORD_EPOCH_MS));
+        assert_eq!(ms("2015-01-01 00:00+00"), Ok(DISCORD_EPOCH_MS));
+        assert_eq!(ms("1970-01-01 00:00:00Z"), Ok(0));
+        assert_eq!(ms("2000-02-29 00:00:00Z"), Ok(951_782_400_000));
+    }
+
+    #[test]
+    fn epoch_rejects() {
+        for bad in [
+            "2010-11-04 01:42:54.657",
+            "2010-11-04",
+            "2010-13-04 00:00:00Z",
+            "2011-02-29 00:00:00Z",
+            "2010-11-04 24:00:00Z",
+            "2010-11-04 01:42:54.6571Z",
+            "yesterday",
+            "-5",
+            "1969-12-31 23:59:59Z",
+            "99999999999999999999",
+            "2010-11-04 01:42:54.657+00 junk",
+        ] {
+            assert!(
+                matches!(parse_epoch(bad), Err(SettingError::BadEpoch { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn formats_milliseconds() {
+        assert_eq!(format_unix_ms(TWITTER_EPOCH_MS), DEFAULT_EPOCH_TEXT);
+        assert_eq!(format_unix_ms(0), "1970-01-01 00:00:00.000+00");
+        assert_eq!(
+            format_unix_ms(3_487_858_230_208),
+            "2080-07-10 17:30:30.208+00"
+        );
+    }
+
+    #[test]
+    fn epoch_against_clock() {
+        let e = Epoch::TWITTER;
+        assert_eq!(check_epoch_at(e, TWITTER_EPOCH_MS), Ok(()));
+        assert!(matches!(
+            check_epoch_at(e, TWITTER_EPOCH_MS - 1),
+            Err(EpochProblem::InFuture { .. })
+        ));
+        assert!(matches!(
+            check_epoch_at(e, e.last_unix_ms() + 1),
+            Err(EpochProblem::Exhausted { .. })
+        ));
+    }
+
+    proptest! {
+        /// The parser agrees with a reference conversion for every UTC millisecond
+        /// between 1970 and 2200 written in RFC 3339 form.
+        #[test]
+        fn iso_round_trip(ms in 0i64..7_258_118_400_000) {
+            let days = ms.div_euclid(86_400_000);
+            let rem = ms.rem_euclid(86_400_000);
+            let (y, m, d) = civil_from_days(days);
+            let text = format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+                rem / 3_600_000, rem / 60_000 % 60, rem / 1000 % 60, rem % 1000
+            );
+            prop_assert_eq!(parse_epoch(&text).map(Epoch::unix_ms), Ok(ms));
+        }
+
+        #[test]
+        fn node_ids_accept_exactly_their_range(v in -100i64..100) {
+            let parsed = parse_node_id(WORKER_ID, Some(&v.to_string()), None, 31);
+            prop_assert_eq!(parsed.is_ok(), (0..=31).contains(&v));
+        }
+    }
+}

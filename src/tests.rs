@@ -1,0 +1,193 @@
+//! `#[pg_test]`s: run inside a real server that preloads the library with
+//! `snowflake.worker_id = 7` and `snowflake.datacenter_id = 3` (see `crate::pg_test`).
+
+use pgrx::prelude::*;
+
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    use crate::durable;
+    use crate::layout::{self, TWITTER_EPOCH_MS};
+
+    fn ids(n: i64) -> Vec<i64> {
+        Spi::get_one::<Vec<i64>>(&format!(
+            "SELECT array_agg(snowflake_next()) FROM generate_series(1, {n})"
+        ))
+        .unwrap()
+        .unwrap()
+    }
+
+    #[pg_test]
+    fn next_is_strictly_increasing_and_carries_the_node() {
+        let ids = ids(20_000);
+        assert_eq!(ids.len(), 20_000);
+        for pair in ids.windows(2) {
+            assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
+        }
+        for id in &ids {
+            let parts = layout::unpack(*id).unwrap();
+            assert_eq!((parts.worker_id, parts.datacenter_id), (7, 3));
+        }
+        // 20,000 IDs need at least 5 milliseconds of 4,096 each.
+        let first = layout::unpack(ids[0]).unwrap().timestamp;
+        let last = layout::unpack(ids[19_999]).unwrap().timestamp;
+        assert!(last - first >= 4, "{first}..{last}");
+    }
+
+    #[pg_test]
+    fn next_is_close_to_the_clock() {
+        let drift = Spi::get_one::<f64>(
+            "SELECT abs(extract(epoch FROM clock_timestamp() - snowflake_to_timestamp(snowflake_next())))::float8",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(drift < 2.0, "drift {drift} s");
+    }
+
+    #[pg_test]
+    fn decode_fields_and_accessors() {
+        // Discord's documented example, decoded with our (Twitter) epoch.
+        let row = Spi::get_three::<i64, i32, i32>(
+            "SELECT (d).unix_ms, (d).datacenter_id, (d).sequence FROM (SELECT snowflake_decode(175928847299117063) d) s",
+        )
+        .unwrap();
+        assert_eq!(
+            row,
+            (Some(TWITTER_EPOCH_MS + 41_944_705_796), Some(1), Some(7))
+        );
+        let worker =
+            Spi::get_one::<i32>("SELECT (snowflake_decode(175928847299117063)).worker_id").unwrap();
+        assert_eq!(worker, Some(0));
+        let text = Spi::get_one::<String>(
+            "SELECT snowflake_to_timestamp(1541815603606036480) AT TIME ZONE 'UTC' || ''",
+        )
+        .unwrap();
+        assert_eq!(text.as_deref(), Some("2022-06-28 16:07:40.105"));
+    }
+
+    #[pg_test]
+    fn decode_is_null_for_null() {
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT (snowflake_decode(NULL)).unix_ms").unwrap(),
+            None
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT snowflake_from_timestamp(NULL)").unwrap(),
+            None
+        );
+    }
+
+    #[pg_test]
+    fn from_timestamp_is_the_first_id_of_the_millisecond() {
+        let id =
+            Spi::get_one::<i64>("SELECT snowflake_from_timestamp('2022-06-28 16:07:40.105999+00')")
+                .unwrap()
+                .unwrap();
+        assert_eq!(id, 1_541_815_603_606_036_480 & !((1 << 22) - 1));
+        let round = Spi::get_one::<bool>(
+            "SELECT snowflake_to_timestamp(snowflake_from_timestamp('2030-01-02 03:04:05.678+00')) = '2030-01-02 03:04:05.678+00'",
+        )
+        .unwrap();
+        assert_eq!(round, Some(true));
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "snowflake ID -1 is out of range")]
+    fn negative_ids_are_rejected() {
+        Spi::run("SELECT snowflake_decode(-1)").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "timestamp out of range for a snowflake ID")]
+    fn timestamps_before_the_epoch_are_rejected() {
+        Spi::run("SELECT snowflake_from_timestamp('2010-11-04 01:42:54.656+00')").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "timestamp out of range for a snowflake ID")]
+    fn timestamps_after_41_bits_are_rejected() {
+        Spi::run("SELECT snowflake_from_timestamp('2080-07-10 17:30:30.209+00')").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "timestamp out of range for a snowflake ID")]
+    fn infinity_is_rejected() {
+        Spi::run("SELECT snowflake_from_timestamp('infinity')").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "cannot be changed without restarting the server")]
+    fn worker_id_cannot_be_set_in_a_session() {
+        Spi::run("SET snowflake.worker_id = 5").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "cannot be changed without restarting the server")]
+    fn epoch_cannot_be_set_in_a_session() {
+        Spi::run("SET snowflake.epoch = '2015-01-01 00:00:00+00'").unwrap();
+    }
+
+    #[pg_test]
+    fn settings_are_visible() {
+        let worker = Spi::get_one::<String>("SHOW snowflake.worker_id").unwrap();
+        assert_eq!(worker.as_deref(), Some("7"));
+        let context = Spi::get_one::<String>(
+            "SELECT string_agg(DISTINCT context, ',') FROM pg_settings WHERE name LIKE 'snowflake.%'",
+        )
+        .unwrap();
+        assert_eq!(context.as_deref(), Some("postmaster"));
+    }
+
+    #[pg_test]
+    fn first_id_records_the_layout() {
+        Spi::run("SELECT snowflake_next()").unwrap();
+        let dir = Spi::get_one::<String>("SHOW data_directory")
+            .unwrap()
+            .unwrap();
+        let state = durable::read(std::path::Path::new(&dir)).unwrap().unwrap();
+        assert_eq!(state.layout.epoch_ms, TWITTER_EPOCH_MS);
+        assert_eq!(
+            (
+                state.layout.timestamp_bits,
+                state.layout.datacenter_bits,
+                state.layout.worker_bits,
+                state.layout.sequence_bits
+            ),
+            (41, 5, 5, 12)
+        );
+    }
+
+    #[pg_test]
+    fn functions_are_annotated() {
+        let rows = Spi::get_one::<String>(
+            "SELECT string_agg(proname || ':' || provolatile::text || proparallel::text || proisstrict::text, ' ' ORDER BY proname)
+               FROM pg_proc WHERE proname LIKE 'snowflake\\_%'",
+        )
+        .unwrap();
+        assert_eq!(
+            rows.as_deref(),
+            Some(
+                "snowflake_decode:istrue snowflake_from_timestamp:istrue snowflake_next:vstrue snowflake_to_timestamp:istrue"
+            )
+        );
+    }
+
+    #[pg_test]
+    fn usable_in_generated_columns_and_indexes() {
+        Spi::run(
+            "CREATE TEMP TABLE t (
+                 id bigint PRIMARY KEY DEFAULT snowflake_next(),
+                 created timestamptz GENERATED ALWAYS AS (snowflake_to_timestamp(id)) STORED
+             );
+             CREATE INDEX ON t (((snowflake_decode(id)).worker_id));
+             INSERT INTO t SELECT FROM generate_series(1, 100);",
+        )
+        .unwrap();
+        let n = Spi::get_one::<i64>(
+            "SELECT count(*) FROM t WHERE (snowflake_decode(id)).worker_id = 7 AND created <= clock_timestamp() + interval '2 s'",
+        )
+        .unwrap();
+        assert_eq!(n, Some(100));
+    }
+}
