@@ -67,6 +67,8 @@ fn ensure_layout_recorded(config: &Config) -> errors::Result<()> {
     if LAYOUT_VERIFIED.get() {
         return Ok(());
     }
+    // Never record an epoch that cannot generate now (in the future, or exhausted).
+    check_epoch_at(config.epoch, now_unix_ms()).map_err(errors::epoch_problem)?;
     let configured = LayoutRecord::current(config.epoch);
     let result = {
         let mut shared = shmem::DURABLE.exclusive();

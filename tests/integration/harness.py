@@ -1,0 +1,155 @@
+"""Real PostgreSQL clusters for the integration tests.
+
+Runs as root (like CI); every server runs as the ``postgres`` OS user, because initdb and
+pg_ctl refuse root. Each cluster lives in /var/tmp/snowflake-it/<name> with its socket there.
+"""
+
+import os
+import shutil
+import subprocess
+import time
+
+import psycopg
+
+PG_MAJOR = os.environ.get("PG_MAJOR", "15")
+PG_BIN = f"/usr/lib/postgresql/{PG_MAJOR}/bin"
+BASE = "/var/tmp/snowflake-it"
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+_next_port = [55500]
+
+
+def as_postgres(*cmd, env=None, check=True, capture=False):
+    """Runs a command as the postgres OS user."""
+    full = ["runuser", "-u", "postgres", "--"]
+    if env:
+        full += ["env"] + [f"{k}={v}" for k, v in env.items()]
+    full += list(cmd)
+    return subprocess.run(full, check=check, text=True,
+                          stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.PIPE if capture else None)
+
+
+class Cluster:
+    """One PostgreSQL data directory and the server running on it."""
+
+    def __init__(self, name, settings=None, port=None):
+        self.name = name
+        self.dir = os.path.join(BASE, name)
+        self.data = os.path.join(self.dir, "data")
+        self.port = port or _next_port[0]
+        _next_port[0] += 1
+        self.settings = dict(settings or {})
+        self.faketime_file = os.path.join(self.dir, "faketime")
+        self.env = {}
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def init(self):
+        self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        shutil.chown(self.dir, "postgres", "postgres")
+        as_postgres(f"{PG_BIN}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
+                    "--no-sync", capture=True)
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write("\ninclude_if_exists = 'test.conf'\n")
+        self.write_settings()
+        return self
+
+    def write_settings(self):
+        path = os.path.join(self.data, "test.conf")
+        base = {
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.dir}'",
+            "listen_addresses": "''",
+            "fsync": "on",
+        }
+        with open(path, "w") as f:
+            for k, v in {**base, **self.settings}.items():
+                f.write(f"{k} = {v}\n")
+        shutil.chown(path, "postgres", "postgres")
+
+    def configure(self, **settings):
+        """Replaces settings (None removes one); takes effect at the next start."""
+        for k, v in settings.items():
+            key = k.replace("__", ".")
+            if v is None:
+                self.settings.pop(key, None)
+            else:
+                self.settings[key] = v
+        self.write_settings()
+
+    def use_faketime(self, offset="+0"):
+        """Runs the server under libfaketime, with an offset that can change while it runs."""
+        self.set_clock_offset(offset)
+        self.env = {
+            "LD_PRELOAD": FAKETIME_LIB,
+            "FAKETIME_TIMESTAMP_FILE": self.faketime_file,
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_RESET": "1",
+        }
+
+    def set_clock_offset(self, offset):
+        """Moves the server's clock, e.g. '-15s', '+0', '-500ms' is not supported: use seconds."""
+        with open(self.faketime_file, "w") as f:
+            f.write(offset + "\n")
+        shutil.chown(self.faketime_file, "postgres", "postgres")
+
+    def start(self, check=True):
+        log = os.path.join(self.dir, "server.log")
+        r = as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "-l", log, "-w", "-t", "60", "start",
+                        env=self.env or None, check=False, capture=True)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{self.name} did not start:\n{r.stdout}{r.stderr}\n{self.log()[-3000:]}")
+        return r.returncode == 0
+
+    def stop(self, mode="fast"):
+        if os.path.exists(os.path.join(self.data, "postmaster.pid")):
+            as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "-m", mode, "-w", "stop",
+                        check=False, capture=True)
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def destroy(self):
+        self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- access -------------------------------------------------------------------------
+    def connect(self, dbname="postgres", autocommit=True, retries=50):
+        last = None
+        for _ in range(retries):
+            try:
+                return psycopg.connect(host=self.dir, port=self.port, user="postgres",
+                                       dbname=dbname, autocommit=autocommit)
+            except psycopg.OperationalError as e:  # starting up / crash recovery
+                last = e
+                time.sleep(0.2)
+        raise last
+
+    def sql(self, query, params=None, dbname="postgres"):
+        """Runs one statement on a fresh connection; returns all rows (or None)."""
+        with self.connect(dbname) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else None
+
+    def one(self, query, params=None):
+        rows = self.sql(query, params)
+        return rows[0][0] if rows else None
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "server.log")) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+
+def error_of(conn, query, params=None):
+    """Runs a statement that must fail; returns the psycopg error (its .sqlstate, .diag)."""
+    try:
+        conn.execute(query, params)
+    except psycopg.Error as e:
+        return e
+    raise AssertionError(f"expected an error from: {query}")
