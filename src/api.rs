@@ -3,34 +3,36 @@
 use std::cell::Cell;
 use std::ffi::CStr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use pgrx::prelude::*;
 use pgrx::{composite_type, PgTupleDesc};
 
-use crate::durable::{self, LayoutCheck, LayoutRecord, StateFile};
+use crate::durable::{self, LayoutCheck, LayoutRecord, LeaseRecord, StateFile};
 use crate::errors::{self, SnowflakeError};
-use crate::generator::{ClockPolicy, Next};
+use crate::generator::{ClockPolicy, GenerateError, Generator, Next};
 use crate::gucs;
 use crate::layout::{self, Epoch, Parts};
 use crate::settings::{check_epoch_at, Config};
 use crate::shmem;
+use crate::wal;
 
 /// Unix milliseconds of PostgreSQL's timestamp origin, 2000-01-01T00:00:00Z.
 const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
 
-extension_sql_file!(
-    "../sql/snowflake_parts.sql",
-    name = "snowflake_parts",
-    bootstrap
-);
+extension_sql_file!("../sql/types.sql", name = "types", bootstrap);
+extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 thread_local! {
-    /// This backend has seen the layout record match the configuration.
-    static LAYOUT_VERIFIED: Cell<bool> = const { Cell::new(false) };
+    /// This backend has seen the durable state loaded (layout checked, generator resumed).
+    static LOADED: Cell<bool> = const { Cell::new(false) };
     /// Epoch that passed the decode-side check against the layout record.
     static DECODE_EPOCH: Cell<Option<Epoch>> = const { Cell::new(None) };
 }
+
+/// Shortest interval between two WARNINGs about clock events, server-wide.
+const WARNING_INTERVAL_MS: i64 = 10_000;
 
 /// The wall clock in Unix milliseconds (`CLOCK_REALTIME`, which libfaketime can move).
 #[inline]
@@ -41,7 +43,8 @@ fn now_unix_ms() -> i64 {
     }
 }
 
-fn data_dir() -> PathBuf {
+/// The data directory (every backend's working directory).
+pub(crate) fn data_dir() -> PathBuf {
     // SAFETY: DataDir is set before any backend runs SQL and never changes afterwards.
     let dir = unsafe { CStr::from_ptr(pg_sys::DataDir) };
     PathBuf::from(dir.to_string_lossy().into_owned())
@@ -57,48 +60,82 @@ fn generation_config(function: &'static str) -> errors::Result<Config> {
     if unsafe { pg_sys::RecoveryInProgress() } {
         return Err(errors::in_recovery(function));
     }
-    ensure_layout_recorded(&config)?;
+    ensure_loaded(&config)?;
     Ok(config)
 }
 
-/// Checks the layout record against the configuration, writing it on first use.
-/// Runs the file I/O under the DURABLE lock, never under the generator's.
-fn ensure_layout_recorded(config: &Config) -> errors::Result<()> {
-    if LAYOUT_VERIFIED.get() {
+/// Once per server start (and per crash restart): check the recorded layout against the
+/// configuration and resume the generator at the durable lease end. File I/O runs under
+/// the DURABLE lock, never under the generator's.
+fn ensure_loaded(config: &Config) -> errors::Result<()> {
+    if LOADED.get() {
         return Ok(());
     }
     // Never record an epoch that cannot generate now (in the future, or exhausted).
     check_epoch_at(config.epoch, now_unix_ms()).map_err(errors::epoch_problem)?;
     let configured = LayoutRecord::current(config.epoch);
-    let result = {
-        let mut shared = shmem::DURABLE.exclusive();
-        if shared.layout_verified {
-            Ok(())
-        } else {
-            let result = verify_or_record(&configured);
-            shared.layout_verified = result.is_ok();
-            result
+    {
+        let mut durable_state = shmem::DURABLE.exclusive();
+        if !durable_state.loaded {
+            let state = durable::read(&data_dir()).map_err(|e| errors::state_file(&e, false))?;
+            if let LayoutCheck::Differs { recorded } =
+                durable::check_layout(state.as_ref(), &configured)
+            {
+                return Err(errors::layout_mismatch(&recorded, &configured));
+            }
+            let lease_end = state
+                .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))
+                .unwrap_or(0);
+            shmem::GENERATOR.exclusive().generator = Generator::resume_at(lease_end);
+            durable_state.lease_end = lease_end;
+            durable_state.loaded = true;
         }
-    };
-    result?;
-    LAYOUT_VERIFIED.set(true);
+    }
+    LOADED.set(true);
     Ok(())
 }
 
-fn verify_or_record(configured: &LayoutRecord) -> errors::Result<()> {
-    let dir = data_dir();
-    let state = durable::read(&dir).map_err(|e| errors::state_file(&e, false))?;
-    match durable::check_layout(state.as_ref(), configured) {
-        LayoutCheck::Matches => Ok(()),
-        LayoutCheck::Differs { recorded } => Err(errors::layout_mismatch(&recorded, configured)),
-        LayoutCheck::NotRecorded => {
+/// A lease end in Unix ms as a timestamp since the epoch (0 if at or before the epoch).
+fn lease_timestamp(epoch: Epoch, lease_end_unix_ms: i64) -> u64 {
+    lease_end_unix_ms.saturating_sub(epoch.unix_ms()).max(0) as u64
+}
+
+/// Extends the durable lease so that it covers `timestamp`: state file first (fsync), then
+/// a WAL record (flushed), then a wait for synchronous standbys, and only then the
+/// generator's lease. Callers that find the lease already extended by another backend
+/// still wait for that record's replication before using it.
+fn renew_lease(config: &Config, timestamp: u64, wall: u64) -> errors::Result<()> {
+    let target = timestamp.max(wall).saturating_add(gucs::lease_window_ms());
+    let (lease_end, lsn) = {
+        let mut durable_state = shmem::DURABLE.exclusive();
+        if durable_state.lease_end <= timestamp {
+            let new_end = target.max(durable_state.lease_end);
+            let layout = LayoutRecord::current(config.epoch);
+            let lease_end_unix_ms = config.epoch.to_unix_ms(new_end);
+            // File before WAL: a base backup taken after a record's checkpoint then
+            // always copies a file at least as new as every record it will not replay.
             let state = StateFile {
                 format: durable::FORMAT_VERSION,
-                layout: *configured,
+                layout,
+                lease_end_unix_ms,
             };
-            durable::write(&dir, &state).map_err(|e| errors::state_file(&e, true))
+            durable::write(&data_dir(), &state).map_err(|e| errors::state_file(&e, true))?;
+            let lsn = wal::log_lease(&LeaseRecord {
+                lease_end_unix_ms,
+                layout,
+            });
+            durable_state.lease_end = new_end;
+            durable_state.lease_lsn = lsn;
+            durable_state.lease_writes += 1;
         }
-    }
+        (durable_state.lease_end, durable_state.lease_lsn)
+    };
+    wal::wait_for_sync_standbys(lsn);
+    shmem::GENERATOR
+        .exclusive()
+        .generator
+        .extend_lease(lease_end);
+    Ok(())
 }
 
 /// The epoch for decoding: the configured one, checked once per backend against the layout
@@ -117,32 +154,52 @@ fn decode_epoch() -> errors::Result<Epoch> {
     Ok(epoch)
 }
 
-/// Runs one attempt of the state machine under the generator's lock: read the clock, step.
+/// One attempt under the generator's lock: read the clock, step the state machine, and
+/// decide (rate-limited) whether clock events need a WARNING.
+struct Attempt {
+    outcome: Result<Next, Option<GenerateError>>,
+    warning: Option<errors::ClockWarning>,
+}
+
 #[inline]
-fn step(config: &Config, policy: ClockPolicy) -> errors::Result<Next> {
-    let outcome = {
-        let mut shared = shmem::GENERATOR.exclusive();
-        let now = now_unix_ms();
-        match config.epoch.timestamp_of(now) {
-            Ok(wall) => shared.generator.next(wall, policy).map_err(Some),
-            Err(_) => Err(None),
-        }
+fn attempt(config: &Config, policy: ClockPolicy) -> Attempt {
+    let mut shared = shmem::GENERATOR.exclusive();
+    let now = now_unix_ms();
+    let outcome = match config.epoch.timestamp_of(now) {
+        Ok(wall) => shared.generator.next(wall, policy).map_err(Some),
+        Err(_) => Err(None),
     };
-    outcome.map_err(|err| match err {
-        Some(e) => errors::generate(e, config.epoch),
-        // Out of the epoch's range: report it with the clock reading.
-        None => match check_epoch_at(config.epoch, now_unix_ms()) {
-            Err(problem) => errors::epoch_problem(problem),
-            Ok(()) => errors::clock_stalled(0),
-        },
-    })
+    let events = shared.generator.events();
+    let warning = if (events.steps_back != shared.warned.steps_back
+        || events.exhaustions != shared.warned.exhaustions)
+        && now - shared.last_warning_unix_ms >= WARNING_INTERVAL_MS
+    {
+        let since = shared.warned;
+        shared.warned = events;
+        shared.last_warning_unix_ms = now;
+        let ahead_ms = shared
+            .generator
+            .last_timestamp()
+            .map(|t| config.epoch.to_unix_ms(t) - now)
+            .unwrap_or(0);
+        Some(errors::ClockWarning {
+            since,
+            now: events,
+            ahead_ms,
+            max_drift_ms: policy.max_drift_ms,
+        })
+    } else {
+        None
+    };
+    Attempt { outcome, warning }
 }
 
 /// Waits, without any lock held, until the wall clock reaches `wall_ms` (ms since the epoch).
 fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Result<()> {
+    shmem::COUNTERS.get().waits.fetch_add(1, Ordering::Relaxed);
     let target = epoch.to_unix_ms(wall_ms);
     let started = Instant::now();
-    // The generator asks for at most max_wait_ms; allow generous slack for a loaded machine.
+    // The generator asks for at most max_wait_ms; allow slack for a loaded machine.
     let limit = Duration::from_millis(policy.max_wait_ms.max(1) + 1_000);
     loop {
         let remaining = target - now_unix_ms();
@@ -153,8 +210,8 @@ fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Re
             return Err(errors::clock_stalled(started.elapsed().as_millis() as u64));
         }
         if remaining > 1 {
-            // SAFETY: plain sleep; interrupts are checked right after.
-            unsafe { pg_sys::pg_usleep((remaining - 1) * 1_000) };
+            // SAFETY: plain sleep (at most 100 ms at a time); interrupts are checked after.
+            unsafe { pg_sys::pg_usleep((remaining - 1).min(100) * 1_000) };
         } else {
             std::thread::yield_now();
         }
@@ -163,7 +220,7 @@ fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Re
 }
 
 /// Generates the next ID: unique among all backends of this server, and greater than every
-/// ID this server issued before it.
+/// ID this server issued before it, including before a restart or crash.
 ///
 /// VOLATILE: every call returns a new value.
 /// PARALLEL SAFE: the generator lives in shared memory behind an LWLock, and parallel
@@ -173,9 +230,13 @@ fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Re
 fn snowflake_next() -> i64 {
     const NAME: &str = "snowflake_next";
     let config = generation_config(NAME).unwrap_or_else(|e| e.raise(NAME));
-    let policy = ClockPolicy::DEFAULT;
+    let policy = gucs::clock_policy();
     loop {
-        match step(&config, policy) {
+        let Attempt { outcome, warning } = attempt(&config, policy);
+        if let Some(w) = warning {
+            w.report();
+        }
+        match outcome {
             Ok(Next::Issued(issued)) => {
                 return layout::pack_unchecked(Parts {
                     timestamp: issued.timestamp,
@@ -184,10 +245,17 @@ fn snowflake_next() -> i64 {
                     sequence: issued.sequence,
                 });
             }
+            Ok(Next::NeedLease { timestamp, wall }) => {
+                renew_lease(&config, timestamp, wall).unwrap_or_else(|e| e.raise(NAME))
+            }
             Ok(Next::WaitUntil { wall_ms }) => {
                 wait_for_clock(config.epoch, wall_ms, policy).unwrap_or_else(|e| e.raise(NAME))
             }
-            Err(e) => e.raise(NAME),
+            Err(Some(e)) => errors::generate(e, config.epoch).raise(NAME),
+            Err(None) => match check_epoch_at(config.epoch, now_unix_ms()) {
+                Err(problem) => errors::epoch_problem(problem).raise(NAME),
+                Ok(()) => errors::clock_stalled(0).raise(NAME),
+            },
         }
     }
 }
@@ -242,7 +310,7 @@ fn result_tupdesc(
     let class =
         unsafe { pg_sys::get_call_result_type(fcinfo, &mut type_oid, std::ptr::null_mut()) };
     if class != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
-        SnowflakeError::internal("snowflake_decode must return a composite type".into())
+        SnowflakeError::internal(format!("{function} must return a composite type"))
             .raise(function);
     }
     PgTupleDesc::for_composite_type_by_oid(type_oid).unwrap_or_else(|| {
@@ -272,4 +340,65 @@ fn snowflake_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
     epoch
         .first_id_at(unix_ms)
         .unwrap_or_else(|e| errors::layout(e).raise(NAME))
+}
+
+/// The generator's configuration, position and counters, for monitoring. Works on a hot
+/// standby (the lease shown is what WAL replay has written).
+///
+/// VOLATILE: the counters change. PARALLEL SAFE: it only reads shared memory.
+#[pg_extern(volatile, parallel_safe)]
+fn snowflake_stats(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> composite_type!('static, "snowflake_stats_row") {
+    const NAME: &str = "snowflake_stats";
+    if !shmem::is_available() {
+        errors::not_preloaded(NAME).raise(NAME);
+    }
+    let config = gucs::config().ok();
+    let epoch = config.map(|c| c.epoch).or_else(|| gucs::epoch().ok());
+    let generator = shmem::GENERATOR.share().generator;
+    let durable_state = *shmem::DURABLE.share();
+    let waits = shmem::COUNTERS.get().waits.load(Ordering::Relaxed);
+    let now = now_unix_ms();
+
+    let last_issued_ms = epoch
+        .zip(generator.last_timestamp())
+        .map(|(e, t)| e.to_unix_ms(t));
+    let lease_end_ms = if durable_state.loaded {
+        epoch
+            .filter(|_| durable_state.lease_end > 0)
+            .map(|e| e.to_unix_ms(durable_state.lease_end))
+    } else {
+        // Not generating yet (or a standby): show what the state file says.
+        durable::read(&data_dir())
+            .ok()
+            .flatten()
+            .map(|s| s.lease_end_unix_ms)
+            .filter(|ms| *ms > 0)
+    };
+    let events = generator.events();
+    let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
+    let datums = [
+        config.map(|c| i32::from(c.worker_id)).into_datum(),
+        config.map(|c| i32::from(c.datacenter_id)).into_datum(),
+        epoch
+            .map(|e| unix_ms_to_timestamptz(e.unix_ms()))
+            .into_datum(),
+        last_issued_ms.map(unix_ms_to_timestamptz).into_datum(),
+        last_issued_ms
+            .map(|ms| (ms - now).max(0))
+            .unwrap_or(0)
+            .into_datum(),
+        lease_end_ms.map(unix_ms_to_timestamptz).into_datum(),
+        as_i64(events.issued).into_datum(),
+        as_i64(events.exhaustions).into_datum(),
+        as_i64(events.steps_back).into_datum(),
+        as_i64(events.largest_step_back_ms).into_datum(),
+        as_i64(durable_state.lease_writes).into_datum(),
+        as_i64(waits).into_datum(),
+    ];
+    let tupdesc = result_tupdesc(fcinfo, NAME);
+    // SAFETY: the datums match snowflake_stats_row's column types, in order.
+    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
+        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(NAME))
 }

@@ -8,7 +8,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 use crate::durable::{self, LayoutRecord};
-use crate::generator::GenerateError;
+use crate::generator::{Events, GenerateError};
 use crate::layout::{Epoch, LayoutError, MAX_TIMESTAMP};
 use crate::settings::{self, format_unix_ms, EpochProblem, SettingError};
 
@@ -307,4 +307,51 @@ pub fn infinite_timestamp() -> SnowflakeError {
         "Infinite timestamps have no snowflake ID.",
         "Use a finite timestamp.",
     )
+}
+
+/// A rate-limited WARNING about clock events since the last one.
+#[derive(Debug, Clone, Copy)]
+pub struct ClockWarning {
+    /// Counters at the previous warning.
+    pub since: Events,
+    /// Counters now.
+    pub now: Events,
+    /// Lead of the ID clock over the wall clock, ms (negative: behind).
+    pub ahead_ms: i64,
+    /// `snowflake.max_clock_drift`.
+    pub max_drift_ms: u64,
+}
+
+impl ClockWarning {
+    /// Emits the WARNING (to the client and the server log).
+    pub fn report(self) {
+        let steps = self.now.steps_back - self.since.steps_back;
+        let exhaustions = self.now.exhaustions - self.since.exhaustions;
+        let message = if steps > 0 {
+            format!(
+                "snowflake: system clock moved backwards ({steps} time{} since the last report)",
+                if steps == 1 { "" } else { "s" }
+            )
+        } else {
+            format!(
+                "snowflake: more than 4096 IDs were requested within one millisecond ({exhaustions} time{} since the last report)",
+                if exhaustions == 1 { "" } else { "s" }
+            )
+        };
+        let detail = format!(
+            "Steps back: {steps} (largest ever {} ms). Exhausted milliseconds: {exhaustions}. The ID clock is {} ms ahead of the wall clock; snowflake.max_clock_drift allows {} ms.",
+            self.now.largest_step_back_ms,
+            self.ahead_ms.max(0),
+            self.max_drift_ms
+        );
+        let hint = if steps > 0 {
+            "No ID was or will be duplicated: IDs continue from the last issued one. Check the server's time source."
+        } else {
+            "No ID was or will be duplicated: IDs continue in the following milliseconds. One server issues at most 4,096 IDs per millisecond."
+        };
+        ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, "snowflake_next")
+            .set_detail(detail)
+            .set_hint(hint)
+            .report(PgLogLevel::WARNING);
+    }
 }

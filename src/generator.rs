@@ -9,6 +9,12 @@
 //! from the ID clock, "borrowing" future milliseconds, as long as the ID clock stays at most
 //! [`ClockPolicy::max_drift_ms`] ahead of the wall clock. Beyond that it asks the caller to
 //! wait, if the wait is short ([`ClockPolicy::max_wait_ms`]), or fails.
+//!
+//! Durability: the generator only issues timestamps below its lease end, a high-water mark
+//! that the caller has made durable (file + WAL) beforehand. Past it, [`Next::NeedLease`]
+//! tells the caller to extend the lease ([`Generator::extend_lease`]) and retry. After a
+//! restart the generator resumes at the durable lease end ([`Generator::resume_at`]), so it
+//! never reissues an ID, whatever the clock says.
 
 use crate::layout::{MAX_SEQUENCE, MAX_TIMESTAMP};
 
@@ -37,17 +43,36 @@ impl Default for ClockPolicy {
     }
 }
 
+/// Counters of what the generator saw; read by `snowflake_stats()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Events {
+    /// IDs issued.
+    pub issued: u64,
+    /// Times a caller found the current millisecond's 4,096 sequence numbers used up.
+    pub exhaustions: u64,
+    /// Times the wall clock read earlier than the reading before it.
+    pub steps_back: u64,
+    /// Largest distance seen between the highest clock reading and a later, lower one (ms).
+    pub largest_step_back_ms: u64,
+}
+
 /// The generator's state. `Copy` and plain data, so it can live in shared memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Generator {
-    /// Whether anything was issued (or a floor set) since the state was created.
+    /// Whether anything was issued since the state was created.
     started: bool,
-    /// Timestamp of the last ID issued (the ID clock).
+    /// Timestamp of the last ID issued (the ID clock); before the first ID, the floor.
     last_timestamp: u64,
     /// Sequence of the last ID issued.
     sequence: u16,
     /// Highest wall-clock reading seen, to measure steps back.
     wall_high: u64,
+    /// The previous wall-clock reading, to detect a new step back.
+    wall_last: u64,
+    /// Timestamps below this are covered by the durable lease; 0 means none.
+    lease_end: u64,
+    /// What happened so far.
+    events: Events,
 }
 
 /// What the generator decided.
@@ -60,6 +85,13 @@ pub enum Next {
         /// Wall-clock millisecond (since the epoch) to wait for.
         wall_ms: u64,
     },
+    /// Nothing issued: make a lease covering `timestamp` durable, extend, retry.
+    NeedLease {
+        /// The timestamp the next ID would have.
+        timestamp: u64,
+        /// The wall clock at the decision.
+        wall: u64,
+    },
 }
 
 /// One issued `(timestamp, sequence)` and how it came about.
@@ -71,7 +103,7 @@ pub struct Issued {
     pub sequence: u16,
     /// How far the wall clock had stepped back behind the highest reading seen (0: none).
     pub step_back_ms: u64,
-    /// Whether this ID took a millisecond ahead of the wall clock.
+    /// How far this ID's timestamp is ahead of the wall clock (ms; 0 normally).
     pub ahead_ms: u64,
 }
 
@@ -95,14 +127,13 @@ pub enum GenerateError {
 }
 
 impl Generator {
-    /// A fresh generator whose first ID will be at least at `floor` (the resume point after a
-    /// restart): every ID it issues has a timestamp greater than or equal to `floor`.
-    pub fn starting_at(floor: u64) -> Generator {
+    /// The generator after a restart: `lease_end` is the durable lease end, so every ID
+    /// issued before the restart has a timestamp below it. Every new ID is at or above it.
+    pub fn resume_at(lease_end: u64) -> Generator {
         Generator {
-            started: false,
-            last_timestamp: floor,
-            sequence: 0,
-            wall_high: 0,
+            last_timestamp: lease_end,
+            lease_end,
+            ..Generator::default()
         }
     }
 
@@ -111,10 +142,30 @@ impl Generator {
         self.started.then_some(self.last_timestamp)
     }
 
+    /// End (exclusive) of the lease the generator may issue under.
+    pub fn lease_end(&self) -> u64 {
+        self.lease_end
+    }
+
+    /// Extends the lease to `lease_end` (never shrinks it). Call only once that lease is durable.
+    pub fn extend_lease(&mut self, lease_end: u64) {
+        self.lease_end = self.lease_end.max(lease_end);
+    }
+
+    /// The counters.
+    pub fn events(&self) -> Events {
+        self.events
+    }
+
     /// Decides the next ID for the wall-clock reading `wall` (ms since the epoch).
     #[inline]
     pub fn next(&mut self, wall: u64, policy: ClockPolicy) -> Result<Next, GenerateError> {
         let step_back_ms = self.wall_high.saturating_sub(wall);
+        if wall < self.wall_last {
+            self.events.steps_back += 1;
+            self.events.largest_step_back_ms = self.events.largest_step_back_ms.max(step_back_ms);
+        }
+        self.wall_last = wall;
         self.wall_high = self.wall_high.max(wall);
 
         let (timestamp, sequence) = if wall > self.last_timestamp {
@@ -125,6 +176,7 @@ impl Generator {
         } else if self.sequence < MAX_SEQUENCE {
             (self.last_timestamp, self.sequence + 1)
         } else {
+            self.events.exhaustions += 1;
             (self.last_timestamp + 1, 0)
         };
 
@@ -145,7 +197,11 @@ impl Generator {
         if timestamp > MAX_TIMESTAMP {
             return Err(GenerateError::TimestampExhausted { timestamp });
         }
+        if timestamp >= self.lease_end {
+            return Ok(Next::NeedLease { timestamp, wall });
+        }
 
+        self.events.issued += 1;
         self.started = true;
         self.last_timestamp = timestamp;
         self.sequence = sequence;
@@ -169,6 +225,13 @@ mod tests {
         max_wait_ms: 10,
     };
 
+    /// A generator with an unbounded lease, for tests about the clock.
+    fn unleased() -> Generator {
+        let mut g = Generator::default();
+        g.extend_lease(u64::MAX);
+        g
+    }
+
     fn issue(g: &mut Generator, wall: u64, policy: ClockPolicy) -> (u64, u16) {
         match g.next(wall, policy) {
             Ok(Next::Issued(i)) => (i.timestamp, i.sequence),
@@ -178,17 +241,18 @@ mod tests {
 
     #[test]
     fn same_millisecond_counts_up() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         assert_eq!(issue(&mut g, 100, P), (100, 0));
         assert_eq!(issue(&mut g, 100, P), (100, 1));
         assert_eq!(issue(&mut g, 100, P), (100, 2));
         assert_eq!(issue(&mut g, 101, P), (101, 0));
         assert_eq!(g.last_timestamp(), Some(101));
+        assert_eq!(g.events().issued, 4);
     }
 
     #[test]
     fn first_id_can_be_at_timestamp_zero() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         assert_eq!(g.last_timestamp(), None);
         assert_eq!(issue(&mut g, 0, P), (0, 0));
         assert_eq!(issue(&mut g, 0, P), (0, 1));
@@ -196,7 +260,7 @@ mod tests {
 
     #[test]
     fn exhaustion_borrows_the_next_millisecond() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         for seq in 0..=MAX_SEQUENCE {
             assert_eq!(issue(&mut g, 100, P), (100, seq));
         }
@@ -206,11 +270,12 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        assert_eq!(g.events().exhaustions, 1);
     }
 
     #[test]
     fn strict_policy_waits_for_the_next_millisecond() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         for _ in 0..=MAX_SEQUENCE {
             issue(&mut g, 100, STRICT);
         }
@@ -223,7 +288,7 @@ mod tests {
 
     #[test]
     fn small_step_back_continues_from_the_id_clock() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         assert_eq!(issue(&mut g, 5_000, P), (5_000, 0));
         match g.next(4_995, P).unwrap() {
             Next::Issued(i) => {
@@ -233,13 +298,17 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Still behind, no new step: counted once.
+        assert_eq!(issue(&mut g, 4_996, P), (5_000, 2));
         // The clock catches up: back to normal.
         assert_eq!(issue(&mut g, 5_001, P), (5_001, 0));
+        assert_eq!(g.events().steps_back, 1);
+        assert_eq!(g.events().largest_step_back_ms, 5);
     }
 
     #[test]
     fn step_slightly_beyond_the_bound_is_waited_out() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         issue(&mut g, 5_000, P);
         // 1005 ms back: 5 ms beyond the 1000 ms bound, within the 10 ms wait.
         assert_eq!(g.next(3_995, P), Ok(Next::WaitUntil { wall_ms: 4_000 }));
@@ -248,7 +317,7 @@ mod tests {
 
     #[test]
     fn large_step_back_is_an_error_with_its_size() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         issue(&mut g, 50_000, P);
         assert_eq!(
             g.next(45_000, P),
@@ -258,15 +327,16 @@ mod tests {
                 max_drift_ms: 1_000
             })
         );
+        assert_eq!(g.events().largest_step_back_ms, 5_000);
         // Nothing was issued; a later reading past the ID clock works again.
         assert_eq!(issue(&mut g, 50_001, P), (50_001, 0));
     }
 
     #[test]
     fn strict_policy_errors_on_any_real_step_back() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         issue(&mut g, 1_000, STRICT);
-        // 1 ms back: wait 1 ms (sequence space is left in ms 1000... but drift bound is 0).
+        // 1 ms back: the drift bound is 0, so wait 1 ms.
         assert_eq!(g.next(999, STRICT), Ok(Next::WaitUntil { wall_ms: 1_000 }));
         assert!(matches!(
             g.next(900, STRICT),
@@ -278,20 +348,8 @@ mod tests {
     }
 
     #[test]
-    fn floor_after_restart() {
-        // Durable mark at 10_000 and the clock is behind it by 20 ms.
-        let mut g = Generator::starting_at(10_000);
-        assert_eq!(g.last_timestamp(), None);
-        assert_eq!(issue(&mut g, 9_980, P), (10_000, 0));
-        assert_eq!(issue(&mut g, 9_980, P), (10_000, 1));
-        // The clock is ahead of the floor.
-        let mut g = Generator::starting_at(10_000);
-        assert_eq!(issue(&mut g, 10_050, P), (10_050, 0));
-    }
-
-    #[test]
     fn refuses_beyond_41_bits() {
-        let mut g = Generator::default();
+        let mut g = unleased();
         assert_eq!(issue(&mut g, MAX_TIMESTAMP, P), (MAX_TIMESTAMP, 0));
         assert_eq!(
             g.next(MAX_TIMESTAMP + 1, P),
@@ -299,6 +357,59 @@ mod tests {
                 timestamp: MAX_TIMESTAMP + 1
             })
         );
+    }
+
+    #[test]
+    fn lease_gates_issuing() {
+        let mut g = Generator::default();
+        assert_eq!(
+            g.next(100, P),
+            Ok(Next::NeedLease {
+                timestamp: 100,
+                wall: 100
+            })
+        );
+        assert_eq!(g.last_timestamp(), None);
+        g.extend_lease(1_100);
+        assert_eq!(issue(&mut g, 100, P), (100, 0));
+        assert_eq!(issue(&mut g, 1_099, P), (1_099, 0));
+        assert_eq!(
+            g.next(1_100, P),
+            Ok(Next::NeedLease {
+                timestamp: 1_100,
+                wall: 1_100
+            })
+        );
+        // Extending never shrinks.
+        g.extend_lease(500);
+        assert_eq!(g.lease_end(), 1_100);
+    }
+
+    #[test]
+    fn resume_after_restart_starts_at_the_lease_end() {
+        // Durable lease end 10_000, clock 20 ms behind it.
+        let mut g = Generator::resume_at(10_000);
+        assert_eq!(g.last_timestamp(), None);
+        assert_eq!(
+            g.next(9_980, P),
+            Ok(Next::NeedLease {
+                timestamp: 10_000,
+                wall: 9_980
+            })
+        );
+        g.extend_lease(11_000);
+        assert_eq!(issue(&mut g, 9_980, P), (10_000, 0));
+        assert_eq!(issue(&mut g, 9_980, P), (10_000, 1));
+        // The clock ahead of the lease end: the clock wins.
+        let mut g = Generator::resume_at(10_000);
+        g.extend_lease(20_000);
+        assert_eq!(issue(&mut g, 10_050, P), (10_050, 0));
+        // Far behind the lease end: more than the drift bound, an error, nothing issued.
+        let mut g = Generator::resume_at(10_000);
+        assert!(matches!(
+            g.next(5_000, P),
+            Err(GenerateError::ClockBehind { .. })
+        ));
     }
 
     fn policies() -> impl Strategy<Value = ClockPolicy> {
@@ -309,20 +420,27 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the clock does (forwards, still, backwards, jumps), every issued ID is
-        /// strictly greater than the one before, the ID clock never leads the wall clock by
-        /// more than the bound, and a WaitUntil or an error changes nothing but `wall_high`.
+        /// Whatever the clock does (forwards, still, backwards, jumps) and however often the
+        /// server crashes, every issued ID is strictly greater than every earlier one, the ID
+        /// clock never leads the wall clock by more than the bound, and a WaitUntil, a
+        /// NeedLease or an error changes no issued state. A crash keeps only the durable
+        /// lease end; the generator resumes from it.
         #[test]
-        fn issued_ids_strictly_increase(
+        fn issued_ids_strictly_increase_across_crashes(
             policy in policies(),
+            window in 1u64..40,
             start in 0u64..1_000_000,
-            steps in proptest::collection::vec((-60i64..60, 1usize..3000), 1..60),
+            steps in proptest::collection::vec((-60i64..60, 1usize..3000, proptest::bool::weighted(0.1)), 1..60),
         ) {
             let mut g = Generator::default();
+            let mut durable_lease_end = 0u64;
             let mut wall = start;
             let mut last: Option<(u64, u16)> = None;
-            for (delta, calls) in steps {
+            for (delta, calls, crash) in steps {
                 wall = wall.saturating_add_signed(delta);
+                if crash {
+                    g = Generator::resume_at(durable_lease_end);
+                }
                 for _ in 0..calls {
                     let before = g;
                     match g.next(wall, policy) {
@@ -332,6 +450,7 @@ mod tests {
                                 prop_assert!(id > prev, "{id:?} after {prev:?}");
                             }
                             prop_assert!(i.timestamp <= wall + policy.max_drift_ms);
+                            prop_assert!(i.timestamp < durable_lease_end);
                             prop_assert!(i.sequence <= MAX_SEQUENCE);
                             last = Some(id);
                         }
@@ -339,8 +458,14 @@ mod tests {
                             prop_assert!(wall_ms > wall);
                             prop_assert!(wall_ms - wall <= policy.max_wait_ms.max(1));
                             prop_assert_eq!((g.last_timestamp, g.sequence), (before.last_timestamp, before.sequence));
-                            // Model the wait: the caller sleeps until wall_ms.
-                            wall = wall_ms;
+                            wall = wall_ms; // the caller sleeps until then
+                        }
+                        Ok(Next::NeedLease { timestamp, wall: w }) => {
+                            prop_assert_eq!(w, wall);
+                            prop_assert!(timestamp >= g.lease_end());
+                            prop_assert_eq!((g.last_timestamp, g.sequence), (before.last_timestamp, before.sequence));
+                            durable_lease_end = durable_lease_end.max(timestamp.max(wall) + window);
+                            g.extend_lease(durable_lease_end);
                         }
                         Err(GenerateError::ClockBehind { ahead_ms, .. }) => {
                             prop_assert!(ahead_ms > policy.max_drift_ms + policy.max_wait_ms.max(1));
@@ -359,7 +484,7 @@ mod tests {
             policy in policies(),
             advances in proptest::collection::vec((0u64..3, 1usize..5000), 1..20),
         ) {
-            let mut g = Generator::default();
+            let mut g = unleased();
             let mut wall = 1_000u64;
             let mut last: Option<(u64, u16)> = None;
             for (advance, calls) in advances {
@@ -369,6 +494,7 @@ mod tests {
                         match g.next(wall, policy).unwrap() {
                             Next::Issued(i) => break i,
                             Next::WaitUntil { wall_ms } => wall = wall_ms,
+                            Next::NeedLease { .. } => unreachable!(),
                         }
                     };
                     if let Some((t, s)) = last {

@@ -12,11 +12,35 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr, CString};
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::prelude::*;
 
+use crate::generator::ClockPolicy;
 use crate::layout::Epoch;
 use crate::settings::{self, Config, SettingError};
+
+/// What `snowflake_next()` does when the clock is further behind the ID clock than
+/// `snowflake.max_clock_drift` allows.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ClockBehindAction {
+    /// Raise an error (SQLSTATE 58000); nothing is issued.
+    #[name = c"error"]
+    Error,
+    /// Sleep (without holding any lock) until the clock is close enough, up to
+    /// `snowflake.max_clock_wait`; then raise the error.
+    #[name = c"wait"]
+    Wait,
+}
+
+/// Default of `snowflake.rmgr_id`, the custom WAL resource manager id (see README).
+pub const DEFAULT_RMGR_ID: i32 = 182;
+
+static MAX_CLOCK_DRIFT: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+static CLOCK_BEHIND_ACTION: GucSetting<ClockBehindAction> =
+    GucSetting::<ClockBehindAction>::new(ClockBehindAction::Error);
+static MAX_CLOCK_WAIT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static LEASE_WINDOW: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+static RMGR_ID: GucSetting<i32> = GucSetting::<i32>::new(DEFAULT_RMGR_ID);
 
 static WORKER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static DATACENTER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0"));
@@ -73,8 +97,90 @@ pub fn init(preloading: bool) {
             Some(invalidate_caches),
             None,
         );
+        define_policy_gucs(preloading);
         reserve_prefix();
     }
+}
+
+fn define_policy_gucs(preloading: bool) {
+    let ms = GucFlags::UNIT_MS;
+    GucRegistry::define_int_guc(
+        c"snowflake.max_clock_drift",
+        c"Largest lead of the ID clock over the wall clock.",
+        c"Steps back of the clock and bursts above 4,096 IDs per millisecond are absorbed by running the ID clock ahead of the wall clock, up to this much. 0 is strict Twitter behaviour.",
+        &MAX_CLOCK_DRIFT,
+        0,
+        3_600_000,
+        GucContext::Sighup,
+        ms,
+    );
+    GucRegistry::define_enum_guc(
+        c"snowflake.clock_behind_action",
+        c"What to do when the clock is further behind than snowflake.max_clock_drift: error or wait.",
+        c"error raises SQLSTATE 58000 and issues nothing; wait sleeps (holding no lock) up to snowflake.max_clock_wait, then raises the error.",
+        &CLOCK_BEHIND_ACTION,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"snowflake.max_clock_wait",
+        c"Longest wait for the clock when snowflake.clock_behind_action = wait.",
+        c"",
+        &MAX_CLOCK_WAIT,
+        1,
+        3_600_000,
+        GucContext::Sighup,
+        ms,
+    );
+    GucRegistry::define_int_guc(
+        c"snowflake.lease_window",
+        c"How far ahead each durable lease reaches.",
+        c"Before issuing an ID beyond the durable lease, the lease is extended by this much and written to disk and WAL. Larger: fewer writes; the IDs after a crash restart jump ahead by up to this much.",
+        &LEASE_WINDOW,
+        1,
+        3_600_000,
+        GucContext::Sighup,
+        ms,
+    );
+    GucRegistry::define_int_guc(
+        c"snowflake.rmgr_id",
+        c"Custom WAL resource manager id used for lease records (128-255).",
+        c"Change it only if another extension uses the same id, and only after a clean shutdown.",
+        &RMGR_ID,
+        128,
+        255,
+        if preloading {
+            GucContext::Postmaster
+        } else {
+            GucContext::Sighup
+        },
+        GucFlags::default(),
+    );
+}
+
+/// The clock policy from the settings (cheap: reads three integers).
+#[inline]
+pub fn clock_policy() -> ClockPolicy {
+    let max_wait_ms = match CLOCK_BEHIND_ACTION.get() {
+        // Only the 1 ms needed to finish an exhausted millisecond at the drift bound.
+        ClockBehindAction::Error => 1,
+        ClockBehindAction::Wait => MAX_CLOCK_WAIT.get() as u64,
+    };
+    ClockPolicy {
+        max_drift_ms: MAX_CLOCK_DRIFT.get() as u64,
+        max_wait_ms,
+    }
+}
+
+/// `snowflake.lease_window` in ms.
+#[inline]
+pub fn lease_window_ms() -> u64 {
+    LEASE_WINDOW.get() as u64
+}
+
+/// `snowflake.rmgr_id`.
+pub fn rmgr_id() -> u8 {
+    RMGR_ID.get() as u8
 }
 
 #[cfg(any(feature = "pg13", feature = "pg14"))]

@@ -1,7 +1,8 @@
 //! snowflake: Twitter-style Snowflake IDs generated inside PostgreSQL.
 //!
 //! Pure logic (no pgrx): [`layout`], [`settings`], [`generator`], [`durable`].
-//! Glue: [`gucs`] (settings), [`shmem`] (shared memory), [`errors`], and `api` (SQL functions).
+//! Glue: [`gucs`] (settings), [`shmem`] (shared memory), [`errors`], `wal` (the custom WAL
+//! resource manager) and `api` (SQL functions).
 
 use pgrx::prelude::*;
 
@@ -14,6 +15,7 @@ mod api;
 pub mod errors;
 pub mod gucs;
 pub mod shmem;
+mod wal;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -30,6 +32,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init(preloading);
     if preloading {
         shmem::init();
+        wal::register(gucs::rmgr_id());
         warn_about_settings();
     }
 }

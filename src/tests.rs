@@ -133,7 +133,7 @@ mod tests {
         let worker = Spi::get_one::<String>("SHOW snowflake.worker_id").unwrap();
         assert_eq!(worker.as_deref(), Some("7"));
         let context = Spi::get_one::<String>(
-            "SELECT string_agg(DISTINCT context, ',') FROM pg_settings WHERE name LIKE 'snowflake.%'",
+            "SELECT string_agg(DISTINCT context, ',') FROM pg_settings WHERE name IN ('snowflake.worker_id', 'snowflake.datacenter_id', 'snowflake.epoch', 'snowflake.rmgr_id')",
         )
         .unwrap();
         assert_eq!(context.as_deref(), Some("postmaster"));
@@ -147,6 +147,16 @@ mod tests {
             .unwrap();
         let state = durable::read(std::path::Path::new(&dir)).unwrap().unwrap();
         assert_eq!(state.layout.epoch_ms, TWITTER_EPOCH_MS);
+        // The lease covers the ID just issued.
+        let last = Spi::get_one::<i64>("SELECT (snowflake_decode(snowflake_next())).unix_ms")
+            .unwrap()
+            .unwrap();
+        let state = durable::read(std::path::Path::new(&dir)).unwrap().unwrap();
+        assert!(
+            state.lease_end_unix_ms > last,
+            "{} <= {last}",
+            state.lease_end_unix_ms
+        );
         assert_eq!(
             (
                 state.layout.timestamp_bits,
@@ -168,7 +178,7 @@ mod tests {
         assert_eq!(
             rows.as_deref(),
             Some(
-                "snowflake_decode:istrue snowflake_from_timestamp:istrue snowflake_next:vstrue snowflake_to_timestamp:istrue"
+                "snowflake_decode:istrue snowflake_from_timestamp:istrue snowflake_next:vstrue snowflake_stats:vstrue snowflake_to_timestamp:istrue"
             )
         );
     }
@@ -189,5 +199,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(n, Some(100));
+    }
+
+    #[pg_test]
+    fn stats_report_ids_and_the_lease() {
+        Spi::run("SELECT snowflake_next() FROM generate_series(1, 1000)").unwrap();
+        let (issued, writes, lease_after_last) = Spi::get_three::<i64, i64, bool>(
+            "SELECT ids_issued, lease_writes, lease_end > last_issued FROM snowflake_stats",
+        )
+        .unwrap();
+        assert!(issued.unwrap() >= 1000);
+        assert!(writes.unwrap() >= 1);
+        assert_eq!(lease_after_last, Some(true));
+        let node =
+            Spi::get_two::<i32, i32>("SELECT worker_id, datacenter_id FROM snowflake_stats()")
+                .unwrap();
+        assert_eq!(node, (Some(7), Some(3)));
+    }
+
+    #[pg_test]
+    fn lease_is_written_at_most_once_per_window() {
+        // 200,000 IDs take about 50 ms at the cap; the default window is 1 s.
+        let before = Spi::get_one::<i64>("SELECT lease_writes FROM snowflake_stats")
+            .unwrap()
+            .unwrap();
+        let (first, last) = Spi::get_two::<i64, i64>(
+            "SELECT min(x), max(x) FROM (SELECT (snowflake_decode(snowflake_next())).unix_ms x FROM generate_series(1, 200000)) s",
+        )
+        .unwrap();
+        let after = Spi::get_one::<i64>("SELECT lease_writes FROM snowflake_stats")
+            .unwrap()
+            .unwrap();
+        let span_ms = last.unwrap() - first.unwrap();
+        assert!(
+            after - before <= span_ms / 1000 + 1,
+            "{} writes over {span_ms} ms",
+            after - before
+        );
     }
 }

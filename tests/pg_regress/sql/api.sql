@@ -14,7 +14,7 @@ SELECT a.attnum, a.attname, format_type(a.atttypid, a.atttypmod) AS type
  WHERE a.attrelid = 'snowflake_parts'::regclass AND a.attnum > 0
  ORDER BY a.attnum;
 
-SELECT name, setting, context, vartype
+SELECT name, setting, unit, context, vartype
   FROM pg_settings WHERE name LIKE 'snowflake.%' ORDER BY name;
 
 -- Settings that decide uniqueness cannot be changed by a session.
@@ -25,6 +25,11 @@ SET snowflake.datacenter_id = 5;
 SET snowflake.epoch = '2015-01-01 00:00:00+00';
 \echo SQLSTATE :SQLSTATE
 ALTER ROLE CURRENT_USER SET snowflake.worker_id = 5;
+\echo SQLSTATE :SQLSTATE
+-- The clock policy is reloadable by the administrator, but not per session.
+SET snowflake.max_clock_drift = '1h';
+\echo SQLSTATE :SQLSTATE
+SET snowflake.lease_window = '1min';
 \echo SQLSTATE :SQLSTATE
 -- The prefix is reserved: misspelt settings are refused.
 SET snowflake.workerid = 5;

@@ -3,6 +3,8 @@
 SELECT snowflake_next() > snowflake_from_timestamp(now() - interval '1 minute') AS after_recent,
        snowflake_next() < snowflake_from_timestamp(clock_timestamp() + interval '2 seconds') AS before_soon;
 
+-- (More than 4,096 IDs in one millisecond may raise a rate-limited WARNING; hide it here.)
+SET client_min_messages = error;
 SELECT count(*) AS n,
        count(DISTINCT id) AS distinct_ids,
        bool_and((snowflake_decode(id)).worker_id = 1) AS worker_1,
@@ -10,6 +12,7 @@ SELECT count(*) AS n,
        bool_and(id > prev) AS strictly_increasing
   FROM (SELECT id, lag(id, 1, 0::bigint) OVER (ORDER BY n) AS prev
           FROM (SELECT n, snowflake_next() AS id FROM generate_series(1, 50000) n) g) s;
+RESET client_min_messages;
 
 -- As a DEFAULT, with a master row and detail rows pre-assigned in one transaction.
 CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowflake_next(), customer text NOT NULL);
@@ -53,3 +56,12 @@ CREATE TABLE log_2026 PARTITION OF log
 SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname = 'log_2026';
 
 DROP TABLE order_lines, orders, events, log;
+
+-- Monitoring: one row, as a function or a view.
+SELECT worker_id, datacenter_id, epoch,
+       ids_issued >= 51000 AS counted,
+       lease_end > last_issued AS lease_covers_last,
+       lease_writes >= 1 AS lease_written,
+       drift_ms >= 0 AS drift_known
+  FROM snowflake_stats;
+SELECT count(*) FROM snowflake_stats();
