@@ -1,0 +1,337 @@
+"""Durability under real faults: clock steps (libfaketime), crashes, immediate shutdown,
+and promotion of a streaming standby whose clock is behind.
+
+Every test checks the same guarantee: no ID is issued twice, and every new ID is greater
+than every ID issued before it (per client while running; globally across a restart).
+"""
+
+import os
+import shutil
+import signal
+import threading
+import time
+import unittest
+
+import psycopg
+
+from harness import PG_BIN, Cluster, as_postgres, error_of
+
+PRELOAD = "'snowflake'"
+TABLE = """CREATE TABLE IF NOT EXISTS t (
+               id bigint PRIMARY KEY DEFAULT snowflake_next(),
+               client int NOT NULL,
+               n int NOT NULL)"""
+
+
+class Load:
+    """Clients inserting batches through the DEFAULT until stopped; errors are collected."""
+
+    def __init__(self, pg, clients=2, batch=200, first_client=0):
+        self.pg = pg
+        self.batch = batch
+        self.stop_flag = threading.Event()
+        self.errors = []
+        self.rows = [0] * clients
+        self.threads = [threading.Thread(target=self.run, args=(first_client + k, k))
+                        for k in range(clients)]
+
+    def run(self, client, slot):
+        n = 0
+        with self.pg.connect() as conn:
+            while not self.stop_flag.is_set():
+                try:
+                    conn.execute(
+                        "INSERT INTO t (client, n) SELECT %s, g FROM generate_series(%s::int, %s::int) g",
+                        (client, n, n + self.batch - 1))
+                    self.rows[slot] += self.batch
+                except psycopg.Error as e:
+                    self.errors.append((e.sqlstate, e.diag.message_primary))
+                    time.sleep(0.05)
+                n += self.batch
+
+    def __enter__(self):
+        for th in self.threads:
+            th.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_flag.set()
+        for th in self.threads:
+            th.join()
+
+
+def assert_unique_and_increasing(test, pg):
+    total, distinct = pg.sql("SELECT count(*), count(DISTINCT id) FROM t")[0]
+    test.assertEqual(total, distinct)
+    bad = pg.one("""SELECT count(*) FROM (
+                        SELECT id, lag(id) OVER (PARTITION BY client ORDER BY n) AS prev FROM t) s
+                     WHERE id <= prev""")
+    test.assertEqual(bad, 0)
+    return total
+
+
+def stats(pg):
+    with pg.connect() as conn:
+        cur = conn.execute("SELECT * FROM snowflake_stats")
+        return dict(zip([c.name for c in cur.description], cur.fetchone()))
+
+
+class LiveClockSteps(unittest.TestCase):
+    """The clock steps back while clients insert."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pg = Cluster("clock", {
+            "shared_preload_libraries": PRELOAD,
+            "snowflake.worker_id": "2",
+        }).init()
+        cls.pg.use_faketime("+0")
+        cls.pg.start()
+        cls.pg.sql("CREATE EXTENSION snowflake")
+        cls.pg.sql(TABLE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pg.destroy()
+
+    def setUp(self):
+        self.pg.sql("TRUNCATE t")
+        self.pg.set_clock_offset("+0")
+        self.reload(snowflake__clock_behind_action="error", snowflake__max_clock_drift="1000")
+        # Start with an ID clock that is not ahead of the wall clock.
+        time.sleep(1.2)
+
+    def reload(self, **settings):
+        self.pg.configure(**settings)
+        self.pg.sql("SELECT pg_reload_conf()")
+        time.sleep(0.3)
+
+    def test_steps_of_milliseconds(self):
+        before = stats(self.pg)["clock_steps_back"]
+        with Load(self.pg) as load:
+            for offset in ("-0.003", "-0.008", "-0.012", "-0.020"):
+                time.sleep(0.3)
+                self.pg.set_clock_offset(offset)
+            time.sleep(0.3)
+        self.assertEqual(load.errors, [])
+        self.assertGreater(min(load.rows), 0)
+        assert_unique_and_increasing(self, self.pg)
+        self.assertGreaterEqual(stats(self.pg)["clock_steps_back"] - before, 1)
+
+    def test_step_of_seconds_within_the_drift_bound(self):
+        # 1.5 s back, inside a 2 s bound: IDs keep counting from the ID clock.
+        self.reload(snowflake__max_clock_drift="2s")
+        with Load(self.pg) as load:
+            time.sleep(0.5)
+            self.pg.set_clock_offset("-1.5")
+            time.sleep(1.0)
+        self.assertEqual(load.errors, [])
+        assert_unique_and_increasing(self, self.pg)
+        s = stats(self.pg)
+        self.assertGreaterEqual(s["largest_step_back_ms"], 1400)
+        self.assertIn("system clock moved backwards", self.pg.log())
+
+    def test_step_beyond_the_bound_errors(self):
+        with Load(self.pg) as load:
+            time.sleep(0.5)
+            self.pg.set_clock_offset("-5")
+            time.sleep(1.0)
+        self.assertGreater(len(load.errors), 0)
+        for sqlstate, message in load.errors:
+            self.assertEqual(sqlstate, "58000")
+            self.assertRegex(message, r"^system clock moved backwards by \d+ ms$")
+        assert_unique_and_increasing(self, self.pg)
+
+    def test_step_beyond_the_bound_waits_when_configured(self):
+        self.reload(snowflake__clock_behind_action="wait", snowflake__max_clock_wait="5s")
+        before = stats(self.pg)["waits"]
+        with Load(self.pg) as load:
+            time.sleep(0.5)
+            self.pg.set_clock_offset("-2.5")
+            time.sleep(3.0)
+        self.assertEqual(load.errors, [])
+        assert_unique_and_increasing(self, self.pg)
+        self.assertGreater(stats(self.pg)["waits"], before)
+
+
+class RestartAfterFaults(unittest.TestCase):
+    """Shared memory is lost; the clock is set back 30 s; the lease must carry the floor."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.pg = Cluster("crash", {
+            "shared_preload_libraries": PRELOAD,
+            "snowflake.worker_id": "6",
+            "snowflake.max_clock_drift": "'60s'",
+            "restart_after_crash": "on",
+        }).init()
+        cls.pg.use_faketime("+0")
+        cls.pg.start()
+        cls.pg.sql("CREATE EXTENSION snowflake")
+        cls.pg.sql(TABLE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pg.destroy()
+
+    def issue_some(self):
+        """Inserts rows and returns the largest ID any client has seen (stored or not)."""
+        self.pg.sql("INSERT INTO t (client, n) SELECT 0, g FROM generate_series(1, 20000) g")
+        returned = self.pg.one("SELECT max(x) FROM (SELECT snowflake_next() x FROM generate_series(1, 20000)) s")
+        return max(returned, self.pg.one("SELECT max(id) FROM t"))
+
+    def check_new_ids_above(self, highest):
+        first = self.pg.one("SELECT snowflake_next()")
+        self.assertGreater(first, highest)
+        self.pg.sql("INSERT INTO t (client, n) SELECT 1, g FROM generate_series(1, 20000) g")
+        self.assertGreater(self.pg.one("SELECT min(id) FROM t WHERE client = 1"), highest)
+        assert_unique_and_increasing(self, self.pg)
+        self.pg.sql("DELETE FROM t")
+
+    def test_backend_killed_with_clock_back(self):
+        self.pg.set_clock_offset("+0")
+        highest = self.issue_some()
+        self.pg.set_clock_offset("-30")
+        victim = self.pg.connect()
+        pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
+        sleeper = threading.Thread(target=lambda: self._sleep(victim))
+        sleeper.start()
+        time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        sleeper.join()
+        time.sleep(1.0)  # the postmaster reinitialises shared memory and recovers
+        self.assertIn("terminated by signal 9", self.pg.log())
+        self.check_new_ids_above(highest)
+
+    @staticmethod
+    def _sleep(conn):
+        try:
+            conn.execute("SELECT pg_sleep(30)")
+        except psycopg.Error:
+            pass
+
+    def test_immediate_shutdown_then_restart_with_clock_back(self):
+        self.pg.set_clock_offset("+0")
+        highest = self.issue_some()
+        self.pg.stop("immediate")
+        self.pg.set_clock_offset("-30")
+        self.pg.start()
+        self.check_new_ids_above(highest)
+
+    def test_restart_with_clock_back_beyond_the_bound_refuses(self):
+        # With the default 1 s bound, a clock 30 s behind the lease cannot be absorbed:
+        # the generator refuses (nothing duplicated) until the clock catches up.
+        self.pg.set_clock_offset("+0")
+        highest = self.issue_some()
+        self.pg.stop("immediate")
+        self.pg.configure(snowflake__max_clock_drift="'1s'")
+        self.pg.set_clock_offset("-30")
+        self.pg.start()
+        try:
+            with self.pg.connect() as conn:
+                e = error_of(conn, "SELECT snowflake_next()")
+                self.assertEqual(e.sqlstate, "58000")
+            self.pg.set_clock_offset("+0")
+            self.assertGreater(self.pg.one("SELECT snowflake_next()"), highest)
+        finally:
+            self.pg.configure(snowflake__max_clock_drift="'60s'")
+            self.pg.restart()
+
+
+class StandbyPromotion(unittest.TestCase):
+    """A standby whose clock lags the primary's by 20 s is promoted after the primary stops."""
+
+    def test_promoted_standby_continues_above_the_old_primary(self):
+        settings = {
+            "shared_preload_libraries": PRELOAD,
+            "snowflake.worker_id": "4",
+            "snowflake.max_clock_drift": "'60s'",
+        }
+        primary = Cluster("promo-primary", settings).init()
+        standby = Cluster("promo-standby", settings)
+        try:
+            primary.start()
+            primary.sql("CREATE EXTENSION snowflake")
+            primary.sql(TABLE)
+            # IDs before the base backup, then a checkpoint: their lease records precede the
+            # backup's redo point and are never replayed; the copied state file carries them.
+            primary.sql("INSERT INTO t (client, n) SELECT 0, g FROM generate_series(1, 5000) g")
+            primary.sql("CHECKPOINT")
+
+            shutil.rmtree(standby.dir, ignore_errors=True)
+            os.makedirs(standby.dir)
+            shutil.chown(standby.dir, "postgres", "postgres")
+            as_postgres(f"{PG_BIN}/pg_basebackup", "-h", primary.dir, "-p", str(primary.port),
+                        "-U", "postgres", "-D", standby.data, "-R", "-X", "stream", capture=True)
+            standby.write_settings()  # its own port and socket directory
+            standby.use_faketime("-20")
+            standby.start()
+
+            # More IDs after the backup: their lease records reach the standby by streaming.
+            # A longer lease window makes the point: IDs far below the lease end are safe.
+            primary.configure(snowflake__lease_window="'5s'")
+            primary.sql("SELECT pg_reload_conf()")
+            time.sleep(1.2)  # past the first lease, so that a new record is written
+            primary.sql("INSERT INTO t (client, n) SELECT 1, g FROM generate_series(1, 5000) g")
+            returned = primary.one("SELECT max(x) FROM (SELECT snowflake_next() x FROM generate_series(1, 5000)) s")
+            highest = max(returned, primary.one("SELECT max(id) FROM t"))
+            writes = stats(primary)["lease_writes"]
+            self.assertGreaterEqual(writes, 1)
+
+            lsn = primary.one("SELECT pg_current_wal_flush_lsn()::text")
+            for _ in range(100):
+                if standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)):
+                    break
+                time.sleep(0.1)
+            else:
+                self.fail("standby did not catch up")
+
+            with standby.connect() as conn:
+                e = error_of(conn, "SELECT snowflake_next()")
+                self.assertEqual(e.sqlstate, "25006")
+                # Stats work on the standby and show the replayed lease.
+                lease_ok = conn.execute(
+                    "SELECT lease_end > snowflake_to_timestamp(%s) FROM snowflake_stats", (highest,)).fetchone()[0]
+                self.assertTrue(lease_ok)
+
+            primary.stop()
+            as_postgres(f"{PG_BIN}/pg_ctl", "-D", standby.data, "-w", "promote", capture=True)
+            self.assertFalse(standby.one("SELECT pg_is_in_recovery()"))
+            # The promoted node's clock is 20 s behind, yet its IDs start above the old primary's.
+            first = standby.one("SELECT snowflake_next()")
+            self.assertGreater(first, highest)
+            standby.sql("INSERT INTO t (client, n) SELECT 2, g FROM generate_series(1, 5000) g")
+            self.assertGreater(standby.one("SELECT min(id) FROM t WHERE client = 2"), highest)
+            assert_unique_and_increasing(self, standby)
+        finally:
+            standby.destroy()
+            primary.destroy()
+
+
+class LeaseCost(unittest.TestCase):
+    """Under a bulk run the lease is written at most about once per window."""
+
+    def test_lease_writes_per_window(self):
+        pg = Cluster("lease", {
+            "shared_preload_libraries": PRELOAD,
+            "snowflake.worker_id": "8",
+        }).init()
+        try:
+            pg.start()
+            pg.sql("CREATE EXTENSION snowflake")
+            before = stats(pg)["lease_writes"]
+            started = time.monotonic()
+            span_ms = pg.one("""SELECT max(x) - min(x) FROM (
+                                    SELECT (snowflake_decode(snowflake_next())).unix_ms x
+                                      FROM generate_series(1, 3000000)) s""")
+            elapsed = time.monotonic() - started
+            writes = stats(pg)["lease_writes"] - before
+            # One write per 1 s window of ID time (plus the first one).
+            self.assertLessEqual(writes, span_ms // 1000 + 2, f"{writes} writes in {elapsed:.1f} s")
+            self.assertGreaterEqual(writes, 1)
+        finally:
+            pg.destroy()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
