@@ -18,7 +18,8 @@ cluster_init "$DIR/data"
 cluster_conf "$DIR/data" \
     "shared_preload_libraries = 'snowflake'" \
     "snowflake.worker_id = 1" \
-    "snowflake.datacenter_id = 2"
+    "snowflake.datacenter_id = 2" \
+    "snowflake.warning_interval = '1h'"
 cluster_start "$DIR/data" "$PORT"
 trap 'cluster_stop "$DIR/data" immediate' EXIT
 # With --use-existing, pg_regress does not create the database.

@@ -11,10 +11,11 @@ use pgrx::{composite_type, PgTupleDesc};
 
 use crate::durable::{self, LayoutCheck, LayoutRecord, LeaseRecord, StateFile};
 use crate::errors::{self, SnowflakeError};
-use crate::generator::{ClockPolicy, GenerateError, Generator, Next};
+use crate::foreign::{ForeignLayout, LAYOUT_NAMES};
+use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next};
 use crate::gucs;
 use crate::layout::{self, Epoch, Parts};
-use crate::settings::{check_epoch_at, Config};
+use crate::settings::{check_epoch_at, format_rfc3339, Config};
 use crate::shmem;
 use crate::wal;
 
@@ -30,9 +31,6 @@ thread_local! {
     /// Epoch that passed the decode-side check against the layout record.
     static DECODE_EPOCH: Cell<Option<Epoch>> = const { Cell::new(None) };
 }
-
-/// Shortest interval between two WARNINGs about clock events, server-wide.
-const WARNING_INTERVAL_MS: i64 = 10_000;
 
 /// The wall clock in Unix milliseconds (`CLOCK_REALTIME`, which libfaketime can move).
 #[inline]
@@ -154,25 +152,39 @@ fn decode_epoch() -> errors::Result<Epoch> {
     Ok(epoch)
 }
 
-/// One attempt under the generator's lock: read the clock, step the state machine, and
-/// decide (rate-limited) whether clock events need a WARNING.
-struct Attempt {
-    outcome: Result<Next, Option<GenerateError>>,
-    warning: Option<errors::ClockWarning>,
+/// What one attempt under the generator's lock asks the caller to do next.
+enum Pending {
+    /// Everything wanted was issued.
+    Done,
+    /// Wait for the clock or extend the lease, then try again.
+    Act(Next),
+    /// Give up.
+    Fail(Option<GenerateError>),
 }
 
+/// One attempt under the generator's lock: read the clock once, let `take` issue what it
+/// can, and decide (rate-limited, server-wide) whether clock events need a WARNING, which is
+/// emitted after the lock is released.
 #[inline]
-fn attempt(config: &Config, policy: ClockPolicy) -> Attempt {
+fn attempt(
+    config: &Config,
+    policy: ClockPolicy,
+    take: &mut impl FnMut(&mut Generator, u64) -> Result<Option<Next>, GenerateError>,
+) -> (Pending, Option<errors::ClockWarning>) {
     let mut shared = shmem::GENERATOR.exclusive();
     let now = now_unix_ms();
-    let outcome = match config.epoch.timestamp_of(now) {
-        Ok(wall) => shared.generator.next(wall, policy).map_err(Some),
-        Err(_) => Err(None),
+    let pending = match config.epoch.timestamp_of(now) {
+        Ok(wall) => match take(&mut shared.generator, wall) {
+            Ok(None) => Pending::Done,
+            Ok(Some(next)) => Pending::Act(next),
+            Err(e) => Pending::Fail(Some(e)),
+        },
+        Err(_) => Pending::Fail(None),
     };
     let events = shared.generator.events();
     let warning = if (events.steps_back != shared.warned.steps_back
         || events.exhaustions != shared.warned.exhaustions)
-        && now - shared.last_warning_unix_ms >= WARNING_INTERVAL_MS
+        && now - shared.last_warning_unix_ms >= gucs::warning_interval_ms()
     {
         let since = shared.warned;
         shared.warned = events;
@@ -191,7 +203,52 @@ fn attempt(config: &Config, policy: ClockPolicy) -> Attempt {
     } else {
         None
     };
-    Attempt { outcome, warning }
+    (pending, warning)
+}
+
+/// Runs `take` under the generator's lock until it has issued everything it wants
+/// (it returns `Ok(None)`). Between attempts, with no lock held, waits for the clock or
+/// extends the durable lease as the generator asks; raises the generator's errors.
+fn drive(
+    function: &'static str,
+    mut take: impl FnMut(&mut Generator, u64, ClockPolicy) -> Result<Option<Next>, GenerateError>,
+) -> Config {
+    let config = generation_config(function).unwrap_or_else(|e| e.raise(function));
+    let policy = gucs::clock_policy();
+    let mut take = |g: &mut Generator, wall: u64| take(g, wall, policy);
+    loop {
+        let (pending, warning) = attempt(&config, policy, &mut take);
+        if let Some(w) = warning {
+            w.report();
+        }
+        let step = match pending {
+            Pending::Done => return config,
+            Pending::Act(Next::NeedLease { timestamp, wall }) => {
+                renew_lease(&config, timestamp, wall)
+            }
+            Pending::Act(Next::WaitUntil { wall_ms }) => {
+                wait_for_clock(config.epoch, wall_ms, policy)
+            }
+            Pending::Act(Next::Issued(_)) => Ok(()),
+            Pending::Fail(Some(e)) => Err(errors::generate(e, config.epoch)),
+            Pending::Fail(None) => Err(match check_epoch_at(config.epoch, now_unix_ms()) {
+                Err(problem) => errors::epoch_problem(problem),
+                Ok(()) => errors::clock_stalled(0),
+            }),
+        };
+        step.unwrap_or_else(|e| e.raise(function));
+    }
+}
+
+/// The ID of an issued run's `offset`-th member.
+#[inline]
+fn id_of(config: &Config, issued: &Issued, offset: u16) -> i64 {
+    layout::pack_unchecked(Parts {
+        timestamp: issued.timestamp,
+        datacenter_id: config.datacenter_id,
+        worker_id: config.worker_id,
+        sequence: issued.sequence + offset,
+    })
 }
 
 /// Waits, without any lock held, until the wall clock reaches `wall_ms` (ms since the epoch).
@@ -228,35 +285,81 @@ fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Re
 /// are as unique as any other (nothing is cached per backend, unlike `nextval()`).
 #[pg_extern(volatile, parallel_safe)]
 fn snowflake_next() -> i64 {
-    const NAME: &str = "snowflake_next";
-    let config = generation_config(NAME).unwrap_or_else(|e| e.raise(NAME));
-    let policy = gucs::clock_policy();
-    loop {
-        let Attempt { outcome, warning } = attempt(&config, policy);
-        if let Some(w) = warning {
-            w.report();
+    let mut issued = None;
+    let config = drive("snowflake_next", |g, wall, policy| {
+        match g.next(wall, policy)? {
+            Next::Issued(i) => {
+                issued = Some(i);
+                Ok(None)
+            }
+            other => Ok(Some(other)),
         }
-        match outcome {
-            Ok(Next::Issued(issued)) => {
-                return layout::pack_unchecked(Parts {
-                    timestamp: issued.timestamp,
-                    datacenter_id: config.datacenter_id,
-                    worker_id: config.worker_id,
-                    sequence: issued.sequence,
-                });
+    });
+    match issued {
+        Some(i) => id_of(&config, &i, 0),
+        None => SnowflakeError::internal("no ID was issued".into()).raise("snowflake_next"),
+    }
+}
+
+/// Largest `n` for `snowflake_next_batch(n)`.
+pub const MAX_BATCH: i32 = 1_000_000;
+
+/// `n` strictly increasing IDs, each greater than any ID issued before the call, taken in
+/// runs of up to 4,096 per millisecond under the generator's lock (one acquisition unless
+/// the clock or the lease makes it wait). PARALLEL SAFE for the same reason as
+/// `snowflake_next()`.
+#[pg_extern(volatile, parallel_safe)]
+fn snowflake_next_batch(n: i32) -> Vec<i64> {
+    const NAME: &str = "snowflake_next_batch";
+    if !(1..=MAX_BATCH).contains(&n) {
+        errors::bad_count("batch size", n, MAX_BATCH).raise(NAME);
+    }
+    let n = n as usize;
+    let mut runs: Vec<Issued> = Vec::with_capacity(n / 4096 + 2);
+    let mut taken = 0usize;
+    let config = drive(NAME, |g, wall, policy| {
+        while taken < n {
+            let want = (n - taken).min(4096) as u16;
+            match g.next_run(wall, policy, want, false)? {
+                Next::Issued(run) => {
+                    taken += usize::from(run.count);
+                    runs.push(run);
+                }
+                other => return Ok(Some(other)),
             }
-            Ok(Next::NeedLease { timestamp, wall }) => {
-                renew_lease(&config, timestamp, wall).unwrap_or_else(|e| e.raise(NAME))
-            }
-            Ok(Next::WaitUntil { wall_ms }) => {
-                wait_for_clock(config.epoch, wall_ms, policy).unwrap_or_else(|e| e.raise(NAME))
-            }
-            Err(Some(e)) => errors::generate(e, config.epoch).raise(NAME),
-            Err(None) => match check_epoch_at(config.epoch, now_unix_ms()) {
-                Err(problem) => errors::epoch_problem(problem).raise(NAME),
-                Ok(()) => errors::clock_stalled(0).raise(NAME),
-            },
         }
+        Ok(None)
+    });
+    let mut ids = Vec::with_capacity(n);
+    for run in &runs {
+        ids.extend((0..run.count).map(|k| id_of(&config, run, k)));
+    }
+    ids
+}
+
+/// The first of `n` contiguous IDs (first, first+1, ..., first+n-1), all in one millisecond
+/// and reserved: no later call returns any of them. For ORM pooled optimizers and
+/// application-side ID pools. PARALLEL SAFE for the same reason as `snowflake_next()`.
+#[pg_extern(volatile, parallel_safe)]
+fn snowflake_next_block(n: i32) -> i64 {
+    const NAME: &str = "snowflake_next_block";
+    let max = i32::from(layout::MAX_SEQUENCE) + 1;
+    if !(1..=max).contains(&n) {
+        errors::bad_count("block size", n, max).raise(NAME);
+    }
+    let mut issued = None;
+    let config = drive(NAME, |g, wall, policy| {
+        match g.next_run(wall, policy, n as u16, true)? {
+            Next::Issued(run) => {
+                issued = Some(run);
+                Ok(None)
+            }
+            other => Ok(Some(other)),
+        }
+    });
+    match issued {
+        Some(run) => id_of(&config, &run, 0),
+        None => SnowflakeError::internal("no block was issued".into()).raise(NAME),
     }
 }
 
@@ -297,6 +400,63 @@ fn snowflake_decode(
     // SAFETY: the datums match snowflake_parts' column types, in order.
     unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
         .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(NAME))
+}
+
+/// Decodes an ID made by another generator: `twitter`, `discord`, `instagram`, `sonyflake`
+/// or `pgedge` (see the README for how their fields map onto `snowflake_parts`). Does not
+/// depend on any setting.
+#[pg_extern(immutable, strict, parallel_safe, name = "snowflake_decode")]
+fn snowflake_decode_layout(
+    id: i64,
+    layout: &str,
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> composite_type!('static, "snowflake_parts") {
+    const NAME: &str = "snowflake_decode";
+    let Some(known) = ForeignLayout::from_name(layout) else {
+        errors::unknown_layout(layout, &LAYOUT_NAMES).raise(NAME)
+    };
+    let parts = known
+        .decode(id)
+        .unwrap_or_else(|e| errors::layout(e).raise(NAME));
+    let datums = [
+        unix_ms_to_timestamptz(parts.unix_ms).into_datum(),
+        parts.unix_ms.into_datum(),
+        parts.datacenter_id.into_datum(),
+        parts.worker_id.into_datum(),
+        parts.sequence.into_datum(),
+    ];
+    let tupdesc = result_tupdesc(fcinfo, NAME);
+    // SAFETY: the datums match snowflake_parts' column types, in order.
+    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
+        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(NAME))
+}
+
+/// The decoded parts as JSON, with the ID as a string (JavaScript numbers lose precision
+/// above 2^53) and the time in RFC 3339 UTC.
+#[derive(serde::Serialize)]
+struct Formatted {
+    id: String,
+    ts: String,
+    unix_ms: i64,
+    datacenter_id: u8,
+    worker_id: u8,
+    sequence: u16,
+}
+
+/// The decoded ID as `jsonb`: `{"id": "…", "ts": "…Z", "unix_ms": …, "datacenter_id": …,
+/// "worker_id": …, "sequence": …}`.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowflake_format(id: i64) -> pgrx::JsonB {
+    let (parts, unix_ms) = decoded(id, "snowflake_format");
+    let formatted = Formatted {
+        id: id.to_string(),
+        ts: format_rfc3339(unix_ms),
+        unix_ms,
+        datacenter_id: parts.datacenter_id,
+        worker_id: parts.worker_id,
+        sequence: parts.sequence,
+    };
+    pgrx::JsonB(serde_json::to_value(formatted).unwrap_or_default())
 }
 
 /// The tuple descriptor of the function's declared result type, looked up from the call

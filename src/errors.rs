@@ -299,6 +299,26 @@ pub fn layout(err: LayoutError) -> SnowflakeError {
     }
 }
 
+/// A batch or block size out of range.
+pub fn bad_count(what: &str, n: i32, max: i32) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("{what} {n} is out of range"),
+        format!("The {what} must be between 1 and {max}."),
+        format!("Ask for at most {max} IDs per call, and call again for more."),
+    )
+}
+
+/// `snowflake_decode(id, layout)` with an unknown layout name.
+pub fn unknown_layout(name: &str, known: &[&str]) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("unknown snowflake layout \"{name}\""),
+        format!("Known layouts: {}.", known.join(", ")),
+        "Pass one of the known layout names.",
+    )
+}
+
 /// Decode-side: an infinite timestamp.
 pub fn infinite_timestamp() -> SnowflakeError {
     SnowflakeError::new(

@@ -94,13 +94,15 @@ pub enum Next {
     },
 }
 
-/// One issued `(timestamp, sequence)` and how it came about.
+/// Issued IDs: `count` consecutive sequence numbers from `sequence` in one millisecond.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Issued {
     /// Milliseconds since the epoch.
     pub timestamp: u64,
-    /// Sequence within that millisecond.
+    /// First sequence number within that millisecond.
     pub sequence: u16,
+    /// How many consecutive sequence numbers were issued (1 for a single ID).
+    pub count: u16,
     /// How far the wall clock had stepped back behind the highest reading seen (0: none).
     pub step_back_ms: u64,
     /// How far this ID's timestamp is ahead of the wall clock (ms; 0 normally).
@@ -160,6 +162,21 @@ impl Generator {
     /// Decides the next ID for the wall-clock reading `wall` (ms since the epoch).
     #[inline]
     pub fn next(&mut self, wall: u64, policy: ClockPolicy) -> Result<Next, GenerateError> {
+        self.next_run(wall, policy, 1, false)
+    }
+
+    /// Decides the next run of up to `want` (1..=4096) consecutive IDs within one millisecond.
+    /// With `contiguous`, the run has exactly `want` IDs: if the current millisecond has
+    /// fewer sequence numbers left, the run starts at sequence 0 of the next one.
+    #[inline]
+    pub fn next_run(
+        &mut self,
+        wall: u64,
+        policy: ClockPolicy,
+        want: u16,
+        contiguous: bool,
+    ) -> Result<Next, GenerateError> {
+        debug_assert!((1..=MAX_SEQUENCE + 1).contains(&want));
         let step_back_ms = self.wall_high.saturating_sub(wall);
         if wall < self.wall_last {
             self.events.steps_back += 1;
@@ -179,6 +196,13 @@ impl Generator {
             self.events.exhaustions += 1;
             (self.last_timestamp + 1, 0)
         };
+        let left = MAX_SEQUENCE - sequence + 1;
+        let (timestamp, sequence) = if contiguous && left < want {
+            (timestamp + 1, 0)
+        } else {
+            (timestamp, sequence)
+        };
+        let count = want.min(MAX_SEQUENCE - sequence + 1);
 
         let ahead_ms = timestamp - timestamp.min(wall);
         if ahead_ms > policy.max_drift_ms {
@@ -201,13 +225,14 @@ impl Generator {
             return Ok(Next::NeedLease { timestamp, wall });
         }
 
-        self.events.issued += 1;
+        self.events.issued += u64::from(count);
         self.started = true;
         self.last_timestamp = timestamp;
-        self.sequence = sequence;
+        self.sequence = sequence + (count - 1);
         Ok(Next::Issued(Issued {
             timestamp,
             sequence,
+            count,
             step_back_ms,
             ahead_ms,
         }))
@@ -412,6 +437,33 @@ mod tests {
         ));
     }
 
+    fn run(g: &mut Generator, wall: u64, want: u16, contiguous: bool) -> (u64, u16, u16) {
+        match g.next_run(wall, P, want, contiguous) {
+            Ok(Next::Issued(i)) => (i.timestamp, i.sequence, i.count),
+            other => panic!("expected a run, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn runs_fill_the_millisecond_then_continue() {
+        let mut g = unleased();
+        assert_eq!(run(&mut g, 100, 4000, false), (100, 0, 4000));
+        // Only 96 left in ms 100: a run takes them, the next starts in ms 101.
+        assert_eq!(run(&mut g, 100, 500, false), (100, 4000, 96));
+        assert_eq!(run(&mut g, 100, 500, false), (101, 0, 500));
+        assert_eq!(g.events().issued, 4596);
+    }
+
+    #[test]
+    fn contiguous_blocks_never_straddle_milliseconds() {
+        let mut g = unleased();
+        assert_eq!(run(&mut g, 100, 4000, true), (100, 0, 4000));
+        assert_eq!(run(&mut g, 100, 100, true), (101, 0, 100));
+        assert_eq!(issue(&mut g, 100, P), (101, 100));
+        assert_eq!(run(&mut g, 200, 4096, true), (200, 0, 4096));
+        assert_eq!(run(&mut g, 200, 1, true), (201, 0, 1));
+    }
+
     fn policies() -> impl Strategy<Value = ClockPolicy> {
         (0u64..50, 0u64..20).prop_map(|(max_drift_ms, max_wait_ms)| ClockPolicy {
             max_drift_ms,
@@ -474,6 +526,36 @@ mod tests {
                         Err(e) => prop_assert!(false, "unexpected {e:?}"),
                     }
                 }
+            }
+        }
+
+        /// Runs and blocks interleaved with single IDs never overlap and always increase.
+        #[test]
+        fn runs_never_overlap(
+            calls in proptest::collection::vec((0u64..2, 1u16..=4096, proptest::bool::ANY), 1..200),
+        ) {
+            let mut g = unleased();
+            let mut wall = 10u64;
+            let mut next_free: Option<(u64, u16)> = None; // smallest ID not yet issued
+            for (advance, want, contiguous) in calls {
+                wall += advance;
+                let i = loop {
+                    match g.next_run(wall, ClockPolicy::DEFAULT, want, contiguous).unwrap() {
+                        Next::Issued(i) => break i,
+                        Next::WaitUntil { wall_ms } => wall = wall_ms,
+                        Next::NeedLease { .. } => unreachable!(),
+                    }
+                };
+                if contiguous {
+                    prop_assert_eq!(i.count, want);
+                }
+                prop_assert!(i.count >= 1 && i.count <= want);
+                prop_assert!(u32::from(i.sequence) + u32::from(i.count) <= 4096);
+                if let Some(free) = next_free {
+                    prop_assert!((i.timestamp, i.sequence) >= free);
+                }
+                let end = u32::from(i.sequence) + u32::from(i.count);
+                next_free = Some(if end == 4096 { (i.timestamp + 1, 0) } else { (i.timestamp, end as u16) });
             }
         }
 

@@ -41,6 +41,7 @@ static CLOCK_BEHIND_ACTION: GucSetting<ClockBehindAction> =
 static MAX_CLOCK_WAIT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static LEASE_WINDOW: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 static RMGR_ID: GucSetting<i32> = GucSetting::<i32>::new(DEFAULT_RMGR_ID);
+static WARNING_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 
 static WORKER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static DATACENTER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0"));
@@ -143,6 +144,16 @@ fn define_policy_gucs(preloading: bool) {
         ms,
     );
     GucRegistry::define_int_guc(
+        c"snowflake.warning_interval",
+        c"Shortest interval between two WARNINGs about clock steps and exhausted milliseconds.",
+        c"The events are counted in snowflake_stats() whatever this is.",
+        &WARNING_INTERVAL,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        ms,
+    );
+    GucRegistry::define_int_guc(
         c"snowflake.rmgr_id",
         c"Custom WAL resource manager id used for lease records (128-255).",
         c"Change it only if another extension uses the same id, and only after a clean shutdown.",
@@ -176,6 +187,12 @@ pub fn clock_policy() -> ClockPolicy {
 #[inline]
 pub fn lease_window_ms() -> u64 {
     LEASE_WINDOW.get() as u64
+}
+
+/// `snowflake.warning_interval` in ms.
+#[inline]
+pub fn warning_interval_ms() -> i64 {
+    i64::from(WARNING_INTERVAL.get())
 }
 
 /// `snowflake.rmgr_id`.

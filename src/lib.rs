@@ -1,12 +1,13 @@
 //! snowflake: Twitter-style Snowflake IDs generated inside PostgreSQL.
 //!
-//! Pure logic (no pgrx): [`layout`], [`settings`], [`generator`], [`durable`].
+//! Pure logic (no pgrx): [`layout`], [`settings`], [`generator`], [`durable`], [`foreign`].
 //! Glue: [`gucs`] (settings), [`shmem`] (shared memory), [`errors`], `wal` (the custom WAL
 //! resource manager) and `api` (SQL functions).
 
 use pgrx::prelude::*;
 
 pub mod durable;
+pub mod foreign;
 pub mod generator;
 pub mod layout;
 pub mod settings;

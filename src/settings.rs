@@ -359,6 +359,12 @@ pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
+/// Formats Unix milliseconds as RFC 3339 UTC, `YYYY-MM-DDTHH:MM:SS.mmmZ` (for JSON).
+pub fn format_rfc3339(ms: i64) -> String {
+    let text = format_unix_ms(ms);
+    format!("{}T{}Z", &text[..10], &text[11..23])
+}
+
 /// Formats Unix milliseconds as `YYYY-MM-DD HH:MM:SS.mmm+00`, the form messages use.
 pub fn format_unix_ms(ms: i64) -> String {
     let days = ms.div_euclid(86_400_000);
@@ -473,6 +479,10 @@ mod tests {
     fn formats_milliseconds() {
         assert_eq!(format_unix_ms(TWITTER_EPOCH_MS), DEFAULT_EPOCH_TEXT);
         assert_eq!(format_unix_ms(0), "1970-01-01 00:00:00.000+00");
+        assert_eq!(
+            format_rfc3339(1_656_432_460_105),
+            "2022-06-28T16:07:40.105Z"
+        );
         assert_eq!(
             format_unix_ms(3_487_858_230_208),
             "2080-07-10 17:30:30.208+00"

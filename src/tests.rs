@@ -171,14 +171,14 @@ mod tests {
     #[pg_test]
     fn functions_are_annotated() {
         let rows = Spi::get_one::<String>(
-            "SELECT string_agg(proname || ':' || provolatile::text || proparallel::text || proisstrict::text, ' ' ORDER BY proname)
-               FROM pg_proc WHERE proname LIKE 'snowflake\\_%'",
+            "SELECT string_agg(DISTINCT proname || ':' || provolatile::text || proparallel::text || proisstrict::text, ' ')
+               FROM pg_proc WHERE proname LIKE 'snowflake\\_%' AND proname NOT IN ('snowflake_convert_column')",
         )
         .unwrap();
         assert_eq!(
             rows.as_deref(),
             Some(
-                "snowflake_decode:istrue snowflake_from_timestamp:istrue snowflake_next:vstrue snowflake_stats:vstrue snowflake_to_timestamp:istrue"
+                "snowflake_decode:istrue snowflake_format:istrue snowflake_from_timestamp:istrue snowflake_next:vstrue snowflake_next_batch:vstrue snowflake_next_block:vstrue snowflake_stats:vstrue snowflake_to_timestamp:istrue"
             )
         );
     }
@@ -236,5 +236,59 @@ mod tests {
             "{} writes over {span_ms} ms",
             after - before
         );
+    }
+
+    #[pg_test]
+    fn batch_is_increasing_and_above_earlier_ids() {
+        let before = Spi::get_one::<i64>("SELECT snowflake_next()")
+            .unwrap()
+            .unwrap();
+        let batch = Spi::get_one::<Vec<i64>>("SELECT snowflake_next_batch(100000)")
+            .unwrap()
+            .unwrap();
+        assert_eq!(batch.len(), 100_000);
+        assert!(batch[0] > before);
+        assert!(batch.windows(2).all(|w| w[0] < w[1]));
+        let after = Spi::get_one::<i64>("SELECT snowflake_next()")
+            .unwrap()
+            .unwrap();
+        assert!(after > batch[99_999]);
+    }
+
+    #[pg_test]
+    fn block_is_contiguous_and_reserved() {
+        let first = Spi::get_one::<i64>("SELECT snowflake_next_block(4096)")
+            .unwrap()
+            .unwrap();
+        let parts = layout::unpack(first).unwrap();
+        assert_eq!(parts.sequence, 0);
+        let last = layout::unpack(first + 4095).unwrap();
+        assert_eq!((last.timestamp, last.sequence), (parts.timestamp, 4095));
+        let next = Spi::get_one::<i64>("SELECT snowflake_next()")
+            .unwrap()
+            .unwrap();
+        assert!(next > first + 4095);
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "block size 4097 is out of range")]
+    fn block_larger_than_a_millisecond_is_rejected() {
+        Spi::run("SELECT snowflake_next_block(4097)").unwrap();
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "unknown snowflake layout \"uuid\"")]
+    fn unknown_layouts_are_rejected() {
+        Spi::run("SELECT snowflake_decode(1, 'uuid')").unwrap();
+    }
+
+    #[pg_test]
+    fn format_gives_the_id_as_text() {
+        let json = Spi::get_one::<pgrx::JsonB>("SELECT snowflake_format(175928847299117063)")
+            .unwrap()
+            .unwrap();
+        assert_eq!(json.0["id"], "175928847299117063");
+        assert_eq!(json.0["datacenter_id"], 1);
+        assert_eq!(json.0["sequence"], 7);
     }
 }
