@@ -5,9 +5,24 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PG_MAJOR="${PG_MAJOR:-15}"
-PG_BIN="/usr/lib/postgresql/${PG_MAJOR}/bin"
-PG_CONFIG="${PG_BIN}/pg_config"
+# pg_config of a major: 15 is Debian's; 17 and 18 are built from Debian's source packages
+# into /opt/snowflake-pg/<major> by scripts/build-pg.sh.
+pg_config_of() {
+    if [ "$1" = 15 ]; then
+        echo "/usr/lib/postgresql/15/bin/pg_config"
+    else
+        echo "/opt/snowflake-pg/$1/bin/pg_config"
+    fi
+}
+
+# use_major N: points PG_MAJOR, PG_CONFIG and PG_BIN at PostgreSQL N.
+use_major() {
+    PG_MAJOR="$1"
+    PG_CONFIG="$(pg_config_of "$1")"
+    PG_BIN="$(dirname "$PG_CONFIG")"
+    export PG_MAJOR PG_CONFIG PG_BIN
+}
+use_major "${PG_MAJOR:-15}"
 export PATH="${HOME}/.cargo/bin:${PATH}"
 
 log() { printf '\n==> %s\n' "$*" >&2; }
@@ -46,6 +61,20 @@ cluster_stop() {
     fi
 }
 
+# cluster_fresh DIR PORT SETTING...: replaces DIR (owned by postgres) with a new cluster in
+# DIR/data that preloads the library, applies the settings, and starts it on PORT.
+cluster_fresh() {
+    local dir="$1" port="$2"
+    shift 2
+    cluster_stop "$dir/data" immediate
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    chown postgres: "$dir"
+    cluster_init "$dir/data"
+    cluster_conf "$dir/data" "shared_preload_libraries = 'snowflake'" "$@"
+    cluster_start "$dir/data" "$port"
+}
+
 # cluster_psql DIR PORT ARGS...: psql as postgres against the cluster.
 cluster_psql() {
     local dir="$1" port="$2"
@@ -53,9 +82,39 @@ cluster_psql() {
     "$PG_BIN/psql" -X -h "$dir" -p "$port" -U postgres "$@"
 }
 
-# Builds the release library and installs it into PostgreSQL's directories.
+# Builds the release library and installs it into PostgreSQL's directories, with the
+# install script of every released version (pgrx copies only the upgrade scripts).
 install_extension() {
     log "Building and installing the extension (release) for PostgreSQL ${PG_MAJOR}"
     (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" \
         --no-default-features --features "pg${PG_MAJOR}")
+    install_released_scripts "$("$PG_CONFIG" --sharedir)/extension"
+}
+
+# Builds the installable package (cargo pgrx package), adds the released install scripts,
+# and writes target/package/snowflake-<version>-pg<major>-<arch>.tar.gz. Prints its path.
+package_extension() {
+    local version arch root tarball
+    version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -1)"
+    arch="$(dpkg --print-architecture)"
+    root="$REPO_ROOT/target/release/snowflake-pg${PG_MAJOR}"
+    log "Packaging the extension (release) for PostgreSQL ${PG_MAJOR}" >&2
+    (cd "$REPO_ROOT" && cargo pgrx package --pg-config "$PG_CONFIG" \
+        --no-default-features --features "pg${PG_MAJOR}" >&2)
+    install_released_scripts "$root$("$PG_CONFIG" --sharedir)/extension"
+    mkdir -p "$REPO_ROOT/target/package"
+    tarball="$REPO_ROOT/target/package/snowflake-${version}-pg${PG_MAJOR}-${arch}.tar.gz"
+    tar -C "$root" -czf "$tarball" --owner=0 --group=0 .
+    echo "$tarball"
+}
+
+# Copies the frozen install scripts of earlier releases (sql/snowflake--<version>.sql).
+install_released_scripts() {
+    local dest="$1" f
+    for f in "$REPO_ROOT"/sql/snowflake--*.sql; do
+        case "$(basename "$f")" in
+            snowflake--*--*.sql) ;; # upgrade scripts: pgrx copies them
+            *) install -m 644 "$f" "$dest/" ;;
+        esac
+    done
 }

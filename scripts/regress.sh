@@ -10,17 +10,10 @@ OUT="$DIR/out"
 PG_REGRESS="$("$PG_CONFIG" --pkglibdir)/pgxs/src/test/regress/pg_regress"
 SUITE="$REPO_ROOT/tests/pg_regress"
 
-cluster_stop "$DIR/data" immediate
-rm -rf "$DIR"
-mkdir -p "$DIR"
-chown postgres: "$DIR"
-cluster_init "$DIR/data"
-cluster_conf "$DIR/data" \
-    "shared_preload_libraries = 'snowflake'" \
+cluster_fresh "$DIR" "$PORT" \
     "snowflake.worker_id = 1" \
     "snowflake.datacenter_id = 2" \
     "snowflake.warning_interval = '1h'"
-cluster_start "$DIR/data" "$PORT"
 trap 'cluster_stop "$DIR/data" immediate' EXIT
 # With --use-existing, pg_regress does not create the database.
 cluster_psql "$DIR/data" "$PORT" -q -c "CREATE DATABASE snowflake_regress"

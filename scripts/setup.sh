@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, skipping what is already there:
-# Debian packages, cargo-pgrx 0.18.1, and `cargo pgrx init` for PostgreSQL 15.
+# Debian packages, PostgreSQL 17/18 source builds (for the majors in PG_MAJORS),
+# cargo-pgrx 0.18.1, and `cargo pgrx init` for every major.
+#   PG_MAJORS="15 17 18" scripts/setup.sh      (default: 15)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+majors="${PG_MAJORS:-15}"
 
 PACKAGES=(
-    "postgresql-${PG_MAJOR}" "postgresql-server-dev-${PG_MAJOR}" "postgresql-client-${PG_MAJOR}"
+    postgresql-15 postgresql-server-dev-15 postgresql-client-15
     libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg
 )
-
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -20,15 +22,29 @@ if [ "${#missing[@]}" -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     # Debian's package starts a "main" cluster on port 5432; we never use it.
-    pg_ctlcluster "$PG_MAJOR" main stop 2>/dev/null || true
+    pg_ctlcluster 15 main stop 2>/dev/null || true
 fi
+
+for m in $majors; do
+    [ "$m" = 15 ] || "$REPO_ROOT/scripts/build-pg.sh" "$m"
+done
 
 if [ "$(cargo pgrx --version 2>/dev/null || true)" != "cargo-pgrx 0.18.1" ]; then
     log "Installing cargo-pgrx 0.18.1 (about 5 minutes)"
     cargo install cargo-pgrx --version 0.18.1 --locked
 fi
 
-if ! grep -qs "^pg${PG_MAJOR} = \"${PG_CONFIG}\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    log "Registering PostgreSQL ${PG_MAJOR} with pgrx"
-    cargo pgrx init "--pg${PG_MAJOR}" "$PG_CONFIG"
+# cargo pgrx init rewrites the whole configuration: register every major that is present.
+config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+args=()
+needed=0
+for m in 15 17 18; do
+    pgc="$(pg_config_of "$m")"
+    [ -x "$pgc" ] || continue
+    args+=("--pg$m" "$pgc")
+    grep -qs "^pg$m = \"$pgc\"" "$config" || needed=1
+done
+if [ "$needed" = 1 ]; then
+    log "Registering PostgreSQL with pgrx: ${args[*]}"
+    cargo pgrx init "${args[@]}"
 fi

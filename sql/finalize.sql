@@ -130,3 +130,26 @@ END
 $convert$;
 COMMENT ON FUNCTION @extschema@.snowflake_convert_column(regclass, name) IS
     'Moves a serial, identity or sequence-default column to DEFAULT snowflake_next(), widening it and referencing columns to bigint';
+
+-- Finds (datacenter id, worker id) pairs that arrive from more than one origin: two nodes
+-- configured with the same pair, the one mistake that makes snowflake IDs collide.
+-- origin_column must identify the node a row came from (e.g. a column with
+-- DEFAULT current_setting('cluster_name') on every node).
+CREATE FUNCTION @extschema@.snowflake_worker_collisions(tbl regclass, id_column name, origin_column name)
+RETURNS TABLE (datacenter_id integer, worker_id integer, origins text[], ids bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $collisions$
+BEGIN
+    RETURN QUERY EXECUTE pg_catalog.format(
+        'SELECT ((%1$I >> 17) & 31)::integer, ((%1$I >> 12) & 31)::integer,
+                pg_catalog.array_agg(DISTINCT %2$I::text ORDER BY %2$I::text), pg_catalog.count(*)
+           FROM %3$s
+          GROUP BY 1, 2
+         HAVING pg_catalog.count(DISTINCT %2$I) > 1
+          ORDER BY 1, 2',
+        id_column, origin_column, tbl);
+END
+$collisions$;
+COMMENT ON FUNCTION @extschema@.snowflake_worker_collisions(regclass, name, name) IS
+    'Datacenter/worker id pairs that arrive from more than one origin (a fleet misconfiguration)';

@@ -118,8 +118,8 @@ fn lease_timestamp(epoch: Epoch, lease_end_unix_ms: i64) -> u64 {
 }
 
 /// Extends the durable lease so that it covers `timestamp`: state file first (fsync), then
-/// a WAL record (flushed), then a wait for synchronous standbys, and only then the
-/// generator's lease. Callers that find the lease already extended by another backend
+/// a WAL record (flushed and waited for when synchronous replication is configured), and
+/// only then the generator's lease. Callers that find the lease already extended by another backend
 /// still wait for that record's replication before using it.
 fn renew_lease(config: &Config, timestamp: u64, wall: u64) -> errors::Result<()> {
     let target = timestamp.max(wall).saturating_add(gucs::lease_window_ms());
@@ -147,7 +147,9 @@ fn renew_lease(config: &Config, timestamp: u64, wall: u64) -> errors::Result<()>
         }
         (durable_state.lease_end, durable_state.lease_lsn)
     };
-    wal::wait_for_sync_standbys(lsn);
+    if !wal::wait_for_sync_standbys(lsn) {
+        return Err(errors::lease_not_replicated());
+    }
     shmem::GENERATOR
         .exclusive()
         .generator

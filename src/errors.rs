@@ -299,6 +299,16 @@ pub fn layout(err: LayoutError) -> SnowflakeError {
     }
 }
 
+/// The wait for synchronous standbys to confirm a lease record was cancelled.
+pub fn lease_not_replicated() -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+        "canceling statement: the synchronous standby did not confirm the new ID lease",
+        "IDs are issued only under a lease that synchronous standbys have, so that a promoted standby never reissues them. No ID was issued.",
+        "Check that the synchronous standbys in synchronous_standby_names are connected.",
+    )
+}
+
 /// A batch or block size out of range.
 pub fn bad_count(what: &str, n: i32, max: i32) -> SnowflakeError {
     SnowflakeError::new(

@@ -41,8 +41,13 @@ pub fn register(rmgr_id: u8) {
 #[cfg(any(feature = "pg13", feature = "pg14"))]
 pub fn register(_rmgr_id: u8) {}
 
-/// WAL-logs a lease extension and flushes it; returns the record's end LSN (0 if WAL
-/// logging is unavailable on this major version).
+/// WAL-logs a lease extension; returns the record's end LSN, or 0 when there is nothing to
+/// wait for (no resource manager on this major, or no synchronous replication).
+///
+/// Local durability comes from the state file (fsync'd before this is called). The record
+/// is for standbys: with synchronous replication it is flushed here and the caller waits
+/// for the standby; otherwise the WAL writer flushes it within `wal_writer_delay`, so that a
+/// bulk insert does not pay a synchronous flush of all its WAL once per lease window.
 pub fn log_lease(record: &LeaseRecord) -> u64 {
     let rmgr_id = RMGR_ID.load(Ordering::Relaxed);
     if rmgr_id == 0 {
@@ -54,17 +59,61 @@ pub fn log_lease(record: &LeaseRecord) -> u64 {
         pg_sys::XLogBeginInsert();
         pg_sys::XLogRegisterData(bytes.as_ptr().cast_mut().cast(), bytes.len() as _);
         let lsn = pg_sys::XLogInsert(rmgr_id, XLOG_SNOWFLAKE_LEASE);
+        if !synchronous_replication() {
+            return 0;
+        }
         pg_sys::XLogFlush(lsn);
         lsn
     }
 }
 
+/// Whether this session's commits wait for synchronous standbys (SyncRepRequested() and a
+/// non-empty synchronous_standby_names).
+fn synchronous_replication() -> bool {
+    // SAFETY: plain reads of GUC globals in this backend.
+    unsafe {
+        let names = pg_sys::SyncRepStandbyNames;
+        pg_sys::max_wal_senders > 0
+            && pg_sys::synchronous_commit
+                > pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_LOCAL_FLUSH as std::ffi::c_int
+            && !names.is_null()
+            && *names != 0
+    }
+}
+
 /// Waits until synchronous standbys (if `synchronous_standby_names` is set and the
 /// session's `synchronous_commit` asks for it) have the lease record, as a commit would.
-pub fn wait_for_sync_standbys(lsn: u64) {
-    if lsn != 0 {
-        // SAFETY: a backend with a PGPROC; returns at once without synchronous standbys.
-        unsafe { pg_sys::SyncRepWaitForLSN(lsn, false) };
+/// Returns false if the wait ended without their confirmation (a cancel or a terminate
+/// request): the caller then issues nothing.
+pub fn wait_for_sync_standbys(lsn: u64) -> bool {
+    if lsn == 0 {
+        return true;
+    }
+    // SAFETY: a backend with a PGPROC; returns at once without synchronous standbys.
+    // SyncRepWaitForLSN expects interrupts held off (it handles cancel and die itself).
+    unsafe {
+        pg_sys::InterruptHoldoffCount += 1;
+        pg_sys::SyncRepWaitForLSN(lsn, false);
+        pg_sys::InterruptHoldoffCount -= 1;
+    }
+    pgrx::check_for_interrupts!();
+    confirmed_by_standbys(lsn)
+}
+
+/// Whether the synchronous standbys have confirmed `lsn` at the session's
+/// `synchronous_commit` level (remote_write, on = remote flush, remote_apply).
+fn confirmed_by_standbys(lsn: u64) -> bool {
+    use pg_sys::SyncCommitLevel::*;
+    // SAFETY: WalSndCtl lives in shared memory for the server's lifetime; an aligned 64-bit
+    // read is atomic, and a stale value only makes this answer false.
+    unsafe {
+        let mode = match pg_sys::synchronous_commit as u32 {
+            SYNCHRONOUS_COMMIT_REMOTE_WRITE => 0,
+            SYNCHRONOUS_COMMIT_REMOTE_APPLY => 2,
+            _ => 1,
+        };
+        let ctl = pg_sys::WalSndCtl;
+        ctl.is_null() || std::ptr::read_volatile(&(*ctl).lsn[mode]) >= lsn
     }
 }
 

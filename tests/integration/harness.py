@@ -12,7 +12,7 @@ import time
 import psycopg
 
 PG_MAJOR = os.environ.get("PG_MAJOR", "15")
-PG_BIN = f"/usr/lib/postgresql/{PG_MAJOR}/bin"
+PG_BIN = os.environ.get("PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin")
 BASE = "/var/tmp/snowflake-it"
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 

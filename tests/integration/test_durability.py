@@ -308,6 +308,52 @@ class StandbyPromotion(unittest.TestCase):
             primary.destroy()
 
 
+class SynchronousReplication(unittest.TestCase):
+    """With a synchronous standby, a lease is used only once the standby has its record."""
+
+    def test_lease_waits_for_the_synchronous_standby(self):
+        settings = {
+            "shared_preload_libraries": PRELOAD,
+            "snowflake.worker_id": "5",
+        }
+        primary = Cluster("sync-primary", settings).init()
+        standby = Cluster("sync-standby", settings)
+        try:
+            primary.start()
+            primary.sql("CREATE EXTENSION snowflake")
+            shutil.rmtree(standby.dir, ignore_errors=True)
+            os.makedirs(standby.dir)
+            shutil.chown(standby.dir, "postgres", "postgres")
+            as_postgres(f"{PG_BIN}/pg_basebackup", "-h", primary.dir, "-p", str(primary.port),
+                        "-U", "postgres", "-D", standby.data, "-R", "-X", "stream", capture=True)
+            standby.write_settings()
+            standby.start()
+            primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            primary.sql("SELECT pg_reload_conf()")
+            time.sleep(1.2)
+            # With the standby streaming, leases are confirmed and IDs come at once.
+            first = primary.one("SELECT snowflake_next()")
+            self.assertGreater(first, 0)
+            standby.stop()
+            time.sleep(1.2)  # past the lease: the next ID needs a new one
+            with primary.connect() as conn:
+                conn.execute("SET statement_timeout = '1500ms'")
+                started = time.monotonic()
+                e = error_of(conn, "SELECT snowflake_next()")
+                waited = time.monotonic() - started
+                # The lease waited for the standby like a commit would; on cancel, nothing
+                # is issued (a commit would proceed: it is already durable locally).
+                self.assertGreaterEqual(waited, 1.4)
+                self.assertEqual(e.sqlstate, "57014")
+                self.assertIn("synchronous standby did not confirm", e.diag.message_primary)
+            standby.start()
+            second = primary.one("SELECT snowflake_next()")
+            self.assertGreater(second, first)
+        finally:
+            standby.destroy()
+            primary.destroy()
+
+
 class LeaseCost(unittest.TestCase):
     """Under a bulk run the lease is written at most about once per window."""
 

@@ -1,0 +1,211 @@
+-- snowflake 0.1.0 -> 0.2.0: durable lease and stats, batch/block reservation, foreign
+-- layouts, snowflake_format, snowflake_convert_column, snowflake_worker_collisions.
+-- RELEASED: never edit this file; its checksum is pinned in sql/released.sha256.
+\echo Use "ALTER EXTENSION snowflake UPDATE TO '0.2.0'" to load this file. \quit
+
+-- The row returned by snowflake_stats(): the generator's configuration, position and counters.
+CREATE TYPE snowflake_stats_row AS (
+    worker_id            integer,      -- snowflake.worker_id (NULL if unusable)
+    datacenter_id        integer,      -- snowflake.datacenter_id (NULL if unusable)
+    epoch                timestamptz,  -- snowflake.epoch
+    last_issued          timestamptz,  -- time of the last ID issued since start (NULL: none)
+    drift_ms             bigint,       -- how far the ID clock is ahead of the wall clock now
+    lease_end            timestamptz,  -- durable lease: no ID was issued at or after this
+    ids_issued           bigint,       -- IDs issued since start
+    sequence_exhaustions bigint,       -- milliseconds whose 4,096 IDs ran out
+    clock_steps_back     bigint,       -- times the clock read earlier than before
+    largest_step_back_ms bigint,       -- largest step back seen
+    lease_writes         bigint,       -- lease extensions written (file + WAL) since start
+    waits                bigint        -- times a caller slept for the clock
+);
+COMMENT ON TYPE snowflake_stats_row IS 'Row returned by snowflake_stats()';
+
+CREATE FUNCTION "snowflake_decode"(
+	"id" bigint, /* i64 */
+	"layout" TEXT /* & str */
+) RETURNS snowflake_parts /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+IMMUTABLE STRICT PARALLEL SAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_decode_layout_wrapper';
+CREATE FUNCTION "snowflake_format"(
+	"id" bigint /* i64 */
+) RETURNS jsonb /* pgrx :: JsonB */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_format_wrapper';
+CREATE FUNCTION "snowflake_next_batch"(
+	"n" INT /* i32 */
+) RETURNS bigint[] /* Int8Array */
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_next_batch_wrapper';
+CREATE FUNCTION "snowflake_next_block"(
+	"n" INT /* i32 */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_next_block_wrapper';
+CREATE FUNCTION "snowflake_stats"(
+
+) RETURNS snowflake_stats_row /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'snowflake_stats_wrapper';
+
+-- Objects that depend on the functions. Names are schema-qualified with @extschema@ so that
+-- the script does not depend on search_path.
+CREATE VIEW @extschema@.snowflake_stats AS SELECT * FROM @extschema@.snowflake_stats();
+GRANT SELECT ON @extschema@.snowflake_stats TO PUBLIC;
+COMMENT ON VIEW @extschema@.snowflake_stats IS 'The snowflake generator''s state and counters (one row)';
+
+COMMENT ON FUNCTION @extschema@.snowflake_next() IS
+    'Next snowflake ID: unique on this server, greater than every ID issued before';
+COMMENT ON FUNCTION @extschema@.snowflake_decode(bigint) IS
+    'Splits a snowflake ID into time, datacenter id, worker id and sequence';
+COMMENT ON FUNCTION @extschema@.snowflake_to_timestamp(bigint) IS
+    'Time a snowflake ID was generated (millisecond precision)';
+COMMENT ON FUNCTION @extschema@.snowflake_from_timestamp(timestamptz) IS
+    'Smallest snowflake ID of the millisecond containing the timestamp';
+COMMENT ON FUNCTION @extschema@.snowflake_stats() IS
+    'The snowflake generator''s state and counters (one row)';
+COMMENT ON FUNCTION @extschema@.snowflake_next_batch(integer) IS
+    'n strictly increasing snowflake IDs, reserved in one call';
+COMMENT ON FUNCTION @extschema@.snowflake_next_block(integer) IS
+    'First of n contiguous snowflake IDs (one millisecond, consecutive sequence numbers), reserved';
+COMMENT ON FUNCTION @extschema@.snowflake_decode(bigint, text) IS
+    'Decodes an ID of another generator: twitter, discord, instagram, sonyflake or pgedge';
+COMMENT ON FUNCTION @extschema@.snowflake_format(bigint) IS
+    'The decoded snowflake ID as jsonb, with the ID as a string for JavaScript clients';
+
+-- Moves a serial, identity or sequence-default column to DEFAULT snowflake_next().
+-- search_path is pinned, and every object is schema-qualified, so that objects a user
+-- creates elsewhere cannot be substituted.
+CREATE FUNCTION @extschema@.snowflake_convert_column(tbl regclass, col name)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $convert$
+DECLARE
+    att        record;
+    kind       text;
+    seq        text;
+    fk         record;
+    max_value  bigint;
+    first_new  bigint;
+BEGIN
+    IF (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = tbl) NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table', tbl
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'snowflake_convert_column() converts a column of an ordinary or partitioned table.';
+    END IF;
+
+    SELECT a.attnum, a.atttypid, a.attidentity, a.attgenerated,
+           pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS default_expr
+      INTO att
+      FROM pg_catalog.pg_attribute a
+      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE a.attrelid = tbl AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of relation % does not exist', col, tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+
+    IF att.atttypid NOT IN ('pg_catalog.int2'::pg_catalog.regtype,
+                            'pg_catalog.int4'::pg_catalog.regtype,
+                            'pg_catalog.int8'::pg_catalog.regtype) THEN
+        RAISE EXCEPTION 'column "%" of relation % has type %', col, tbl,
+                        pg_catalog.format_type(att.atttypid, NULL)
+            USING ERRCODE = 'datatype_mismatch',
+                  DETAIL = 'Snowflake IDs need an integer column: smallint, integer or bigint (widened to bigint).',
+                  HINT = 'Add a new bigint column with DEFAULT snowflake_next() instead.';
+    END IF;
+
+    IF att.attgenerated <> '' THEN
+        kind := NULL;
+    ELSIF att.attidentity IN ('a', 'd') THEN
+        kind := 'identity';
+    ELSIF att.default_expr LIKE 'nextval(%' THEN
+        kind := 'sequence';
+    ELSIF att.default_expr LIKE '%snowflake_next()%' THEN
+        RAISE NOTICE 'column "%" of relation % already defaults to snowflake_next()', col, tbl;
+        RETURN;
+    END IF;
+    IF kind IS NULL THEN
+        RAISE EXCEPTION 'column "%" of relation % is not a serial, identity or sequence-default column', col, tbl
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = pg_catalog.format('Its default is %s.', COALESCE(att.default_expr, 'not set')),
+                  HINT = pg_catalog.format('Set the default by hand: ALTER TABLE %s ALTER COLUMN %I SET DEFAULT snowflake_next();', tbl, col);
+    END IF;
+
+    -- Existing values must stay below the IDs that will follow them.
+    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I)::bigint FROM %s', col, tbl) INTO max_value;
+    first_new := @extschema@.snowflake_from_timestamp(pg_catalog.clock_timestamp());
+    IF max_value >= first_new THEN
+        RAISE EXCEPTION 'existing values of column "%" of relation % reach the snowflake ID range', col, tbl
+            USING ERRCODE = 'numeric_value_out_of_range',
+                  DETAIL = pg_catalog.format('The largest value is %s; new snowflake IDs start near %s.', max_value, first_new),
+                  HINT = 'Renumber the existing rows below that value, or add a new column.';
+    END IF;
+
+    seq := pg_catalog.pg_get_serial_sequence(tbl::text, col::text);
+    IF kind = 'identity' THEN
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', tbl, col);
+    ELSE
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP DEFAULT', tbl, col);
+        IF seq IS NOT NULL THEN
+            -- A serial's own sequence goes with it, unless something else still uses it.
+            BEGIN
+                EXECUTE pg_catalog.format('DROP SEQUENCE %s', seq);
+            EXCEPTION WHEN dependent_objects_still_exist THEN
+                RAISE NOTICE 'sequence % is still used elsewhere and was kept', seq;
+            END;
+        END IF;
+    END IF;
+
+    IF att.atttypid <> 'pg_catalog.int8'::pg_catalog.regtype THEN
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, col);
+        -- Foreign keys that reference the column must hold the new, larger values too.
+        FOR fk IN
+            SELECT c.conrelid::pg_catalog.regclass AS rel, a.attname, a.atttypid
+              FROM pg_catalog.pg_constraint c
+              CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(c.confkey), pg_catalog.unnest(c.conkey)) AS k(ref_att, own_att)
+              JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.own_att
+             WHERE c.contype = 'f' AND c.confrelid = tbl AND k.ref_att = att.attnum
+        LOOP
+            IF fk.atttypid <> 'pg_catalog.int8'::pg_catalog.regtype THEN
+                EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', fk.rel, fk.attname);
+                RAISE NOTICE 'widened %.% to bigint', fk.rel, fk.attname;
+            END IF;
+        END LOOP;
+    END IF;
+
+    EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT @extschema@.snowflake_next()', tbl, col);
+END
+$convert$;
+COMMENT ON FUNCTION @extschema@.snowflake_convert_column(regclass, name) IS
+    'Moves a serial, identity or sequence-default column to DEFAULT snowflake_next(), widening it and referencing columns to bigint';
+
+-- Finds (datacenter id, worker id) pairs that arrive from more than one origin: two nodes
+-- configured with the same pair, the one mistake that makes snowflake IDs collide.
+-- origin_column must identify the node a row came from (e.g. a column with
+-- DEFAULT current_setting('cluster_name') on every node).
+CREATE FUNCTION @extschema@.snowflake_worker_collisions(tbl regclass, id_column name, origin_column name)
+RETURNS TABLE (datacenter_id integer, worker_id integer, origins text[], ids bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $collisions$
+BEGIN
+    RETURN QUERY EXECUTE pg_catalog.format(
+        'SELECT ((%1$I >> 17) & 31)::integer, ((%1$I >> 12) & 31)::integer,
+                pg_catalog.array_agg(DISTINCT %2$I::text ORDER BY %2$I::text), pg_catalog.count(*)
+           FROM %3$s
+          GROUP BY 1, 2
+         HAVING pg_catalog.count(DISTINCT %2$I) > 1
+          ORDER BY 1, 2',
+        id_column, origin_column, tbl);
+END
+$collisions$;
+COMMENT ON FUNCTION @extschema@.snowflake_worker_collisions(regclass, name, name) IS
+    'Datacenter/worker id pairs that arrive from more than one origin (a fleet misconfiguration)';
