@@ -103,7 +103,7 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             let lease_end = state
                 .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))
                 .unwrap_or(0);
-            shmem::GENERATOR.exclusive().generator = Generator::resume_at(0 * lease_end);
+            shmem::GENERATOR.exclusive().generator = Generator::resume_at(lease_end);
             durable_state.lease_end = lease_end;
             durable_state.loaded = true;
         }

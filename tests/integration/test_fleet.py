@@ -23,6 +23,9 @@ def node(name, worker):
         "snowflake.datacenter_id": "1",
         "wal_level": "logical",
         "cluster_name": f"'{name}'",
+        # The hub runs one apply worker per node, plus table-sync workers.
+        "max_logical_replication_workers": "12",
+        "max_worker_processes": "20",
     })
 
 

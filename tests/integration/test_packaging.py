@@ -16,7 +16,7 @@ SELECT pg_describe_object(d.classid, d.objid, 0) AS object,
          WHEN 'pg_proc'::regclass THEN
            (SELECT concat_ws(' | ', pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
                              p.provolatile, p.proisstrict, p.proparallel, p.prosecdef, p.proconfig::text,
-                             CASE WHEN p.prolang = 'c'::regproc::oid THEN p.prosrc ELSE md5(p.prosrc) END,
+                             CASE WHEN p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'c') THEN p.prosrc ELSE md5(p.prosrc) END,
                              obj_description(p.oid, 'pg_proc'))
               FROM pg_proc p WHERE p.oid = d.objid)
          WHEN 'pg_type'::regclass THEN
