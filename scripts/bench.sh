@@ -8,7 +8,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DIR=/var/tmp/snowflake-bench
 PORT=55600
-"$REPO_ROOT/scripts/setup.sh"
+PG_MAJORS="$PG_MAJOR" "$REPO_ROOT/scripts/setup.sh"
 install_extension
 
 cluster_fresh "$DIR" "$PORT" \
