@@ -32,6 +32,7 @@ cluster_start "$DIR" "$PORT"
 log "Demo"
 cluster_psql "$DIR" "$PORT" -v ON_ERROR_STOP=1 <<'SQL'
 CREATE EXTENSION IF NOT EXISTS snowflake;
+ALTER EXTENSION snowflake UPDATE;  -- a no-op unless an older version was installed
 SET client_min_messages = warning;
 DROP TABLE IF EXISTS order_lines, orders;
 RESET client_min_messages;
