@@ -11,11 +11,11 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
 };
 use pgrx::prelude::*;
-use pgrx::{composite_type, PgTupleDesc};
+use pgrx::{composite_type, AllocatedByRust, PgTupleDesc};
 
 use crate::durable::{self, LayoutCheck, LayoutRecord, LeaseRecord, StateFile};
 use crate::errors::{self, SnowflakeError};
-use crate::foreign::{ForeignLayout, LAYOUT_NAMES};
+use crate::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
 use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next};
 use crate::gucs;
 use crate::layout::{self, Epoch, Parts};
@@ -30,8 +30,6 @@ extension_sql_file!("../sql/types.sql", name = "types", bootstrap);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 thread_local! {
-    /// This backend has seen the durable state loaded (layout checked, generator resumed).
-    static LOADED: Cell<bool> = const { Cell::new(false) };
     /// The configuration once generation succeeded in this backend: preloaded, settings
     /// valid, not in recovery, durable state loaded. None of that can change while the
     /// backend lives (the settings are PGC_POSTMASTER, a primary never re-enters recovery,
@@ -83,33 +81,33 @@ fn first_generation_config(function: &'static str) -> errors::Result<Config> {
 
 /// Once per server start (and per crash restart): check the recorded layout against the
 /// configuration and resume the generator at the durable lease end. File I/O runs under
-/// the DURABLE lock, never under the generator's.
+/// the DURABLE lock, never under the generator's. Called once per backend, before READY
+/// is set.
 fn ensure_loaded(config: &Config) -> errors::Result<()> {
-    if LOADED.get() {
-        return Ok(());
-    }
     // Never record an epoch that cannot generate now (in the future, or exhausted).
     check_epoch_at(config.epoch, now_unix_ms()).map_err(errors::epoch_problem)?;
-    let configured = LayoutRecord::current(config.epoch);
-    {
-        let mut durable_state = shmem::DURABLE.exclusive();
-        if !durable_state.loaded {
-            let state = durable::read(&data_dir()).map_err(|e| errors::state_file(&e, false))?;
-            if let LayoutCheck::Differs { recorded } =
-                durable::check_layout(state.as_ref(), &configured)
-            {
-                return Err(errors::layout_mismatch(&recorded, &configured));
-            }
-            let lease_end = state
-                .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))
-                .unwrap_or(0);
-            shmem::GENERATOR.exclusive().generator = Generator::resume_at(lease_end);
-            durable_state.lease_end = lease_end;
-            durable_state.loaded = true;
-        }
+    let mut durable_state = shmem::DURABLE.exclusive();
+    if !durable_state.loaded {
+        let state = recorded_state(config.epoch)?;
+        let lease_end = state
+            .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))
+            .unwrap_or(0);
+        shmem::GENERATOR.exclusive().generator = Generator::resume_at(lease_end);
+        durable_state.lease_end = lease_end;
+        durable_state.loaded = true;
     }
-    LOADED.set(true);
     Ok(())
+}
+
+/// Reads the state file and refuses if its recorded layout differs from the one `epoch`
+/// gives: stored IDs must never be generated or decoded under another layout.
+fn recorded_state(epoch: Epoch) -> errors::Result<Option<StateFile>> {
+    let configured = LayoutRecord::current(epoch);
+    let state = durable::read(&data_dir()).map_err(|e| errors::state_file(&e, false))?;
+    match durable::check_layout(state.as_ref(), &configured) {
+        LayoutCheck::Differs { recorded } => Err(errors::layout_mismatch(&recorded, &configured)),
+        LayoutCheck::Matches | LayoutCheck::NotRecorded => Ok(state),
+    }
 }
 
 /// A lease end in Unix ms as a timestamp since the epoch (0 if at or before the epoch).
@@ -164,11 +162,7 @@ fn decode_epoch() -> errors::Result<Epoch> {
     if DECODE_EPOCH.get() == Some(epoch) {
         return Ok(epoch);
     }
-    let configured = LayoutRecord::current(epoch);
-    let state = durable::read(&data_dir()).map_err(|e| errors::state_file(&e, false))?;
-    if let LayoutCheck::Differs { recorded } = durable::check_layout(state.as_ref(), &configured) {
-        return Err(errors::layout_mismatch(&recorded, &configured));
-    }
+    recorded_state(epoch)?;
     DECODE_EPOCH.set(Some(epoch));
     Ok(epoch)
 }
@@ -266,6 +260,27 @@ fn drive(
     }
 }
 
+/// Runs `step` through `drive` until it issues one run, and returns that run.
+fn drive_one(
+    function: &'static str,
+    mut step: impl FnMut(&mut Generator, u64, ClockPolicy) -> Result<Next, GenerateError>,
+) -> (Config, Issued) {
+    let mut issued = None;
+    let config = drive(function, |g, wall, policy, _| {
+        match step(g, wall, policy)? {
+            Next::Issued(run) => {
+                issued = Some(run);
+                Ok(None)
+            }
+            other => Ok(Some(other)),
+        }
+    });
+    match issued {
+        Some(run) => (config, run),
+        None => SnowflakeError::internal("no ID was issued".into()).raise(function),
+    }
+}
+
 /// The ID of an issued run's `offset`-th member.
 #[inline]
 fn id_of(config: &Config, issued: &Issued, offset: u16) -> i64 {
@@ -313,20 +328,8 @@ fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Re
 /// are as unique as any other (nothing is cached per backend, unlike `nextval()`).
 #[pg_extern(volatile, parallel_safe)]
 fn snowflake_next() -> i64 {
-    let mut issued = None;
-    let config = drive("snowflake_next", |g, wall, policy, _| {
-        match g.next(wall, policy)? {
-            Next::Issued(i) => {
-                issued = Some(i);
-                Ok(None)
-            }
-            other => Ok(Some(other)),
-        }
-    });
-    match issued {
-        Some(i) => id_of(&config, &i, 0),
-        None => SnowflakeError::internal("no ID was issued".into()).raise("snowflake_next"),
-    }
+    let (config, issued) = drive_one("snowflake_next", |g, wall, policy| g.next(wall, policy));
+    id_of(&config, &issued, 0)
 }
 
 /// Largest `n` for `snowflake_next_batch(n)`.
@@ -442,20 +445,10 @@ fn snowflake_next_block(n: i32) -> i64 {
     if !(1..=max).contains(&n) {
         errors::bad_count("block size", n, max).raise(NAME);
     }
-    let mut issued = None;
-    let config = drive(NAME, |g, wall, policy, _| {
-        match g.next_run(wall, policy, n as u16, true)? {
-            Next::Issued(run) => {
-                issued = Some(run);
-                Ok(None)
-            }
-            other => Ok(Some(other)),
-        }
+    let (config, block) = drive_one(NAME, |g, wall, policy| {
+        g.next_run(wall, policy, n as u16, true)
     });
-    match issued {
-        Some(run) => id_of(&config, &run, 0),
-        None => SnowflakeError::internal("no block was issued".into()).raise(NAME),
-    }
+    id_of(&config, &block, 0)
 }
 
 fn unix_ms_to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
@@ -484,17 +477,36 @@ fn snowflake_decode(
 ) -> composite_type!('static, "snowflake_parts") {
     const NAME: &str = "snowflake_decode";
     let (parts, unix_ms) = decoded(id, NAME);
-    let tupdesc = result_tupdesc(fcinfo, NAME);
-    let datums = [
-        unix_ms_to_timestamptz(unix_ms).into_datum(),
-        unix_ms.into_datum(),
-        i32::from(parts.datacenter_id).into_datum(),
-        i32::from(parts.worker_id).into_datum(),
-        i32::from(parts.sequence).into_datum(),
-    ];
-    // SAFETY: the datums match snowflake_parts' column types, in order.
-    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
-        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(NAME))
+    parts_row(
+        fcinfo,
+        NAME,
+        &ForeignParts {
+            unix_ms,
+            datacenter_id: Some(i32::from(parts.datacenter_id)),
+            worker_id: Some(i32::from(parts.worker_id)),
+            sequence: i32::from(parts.sequence),
+        },
+    )
+}
+
+/// A `snowflake_parts` row.
+fn parts_row(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &'static str,
+    parts: &ForeignParts,
+) -> PgHeapTuple<'static, AllocatedByRust> {
+    // Column order of snowflake_parts (sql/types.sql).
+    result_row(
+        fcinfo,
+        function,
+        [
+            unix_ms_to_timestamptz(parts.unix_ms).into_datum(),
+            parts.unix_ms.into_datum(),
+            parts.datacenter_id.into_datum(),
+            parts.worker_id.into_datum(),
+            parts.sequence.into_datum(),
+        ],
+    )
 }
 
 /// Decodes an ID made by another generator: `twitter`, `discord`, `instagram`, `sonyflake`
@@ -513,17 +525,7 @@ fn snowflake_decode_layout(
     let parts = known
         .decode(id)
         .unwrap_or_else(|e| errors::layout(e).raise(NAME));
-    let datums = [
-        unix_ms_to_timestamptz(parts.unix_ms).into_datum(),
-        parts.unix_ms.into_datum(),
-        parts.datacenter_id.into_datum(),
-        parts.worker_id.into_datum(),
-        parts.sequence.into_datum(),
-    ];
-    let tupdesc = result_tupdesc(fcinfo, NAME);
-    // SAFETY: the datums match snowflake_parts' column types, in order.
-    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
-        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(NAME))
+    parts_row(fcinfo, NAME, &parts)
 }
 
 /// The decoded parts as JSON, with the ID as a string (JavaScript numbers lose precision
@@ -552,6 +554,19 @@ fn snowflake_format(id: i64) -> pgrx::JsonB {
         sequence: parts.sequence,
     };
     pgrx::JsonB(serde_json::to_value(formatted).unwrap_or_default())
+}
+
+/// A row of the function's declared composite result type from `datums`, which must
+/// match its column types in order.
+fn result_row<const N: usize>(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &'static str,
+    datums: [Option<pg_sys::Datum>; N],
+) -> PgHeapTuple<'static, AllocatedByRust> {
+    let tupdesc = result_tupdesc(fcinfo, function);
+    // SAFETY: callers pass the datums of their declared result type's columns, in order.
+    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
+        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(function))
 }
 
 /// The tuple descriptor of the function's declared result type, looked up from the call
@@ -633,6 +648,7 @@ fn snowflake_stats(
     };
     let events = generator.events();
     let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
+    // Column order of snowflake_stats_row (sql/types.sql).
     let datums = [
         config.map(|c| i32::from(c.worker_id)).into_datum(),
         config.map(|c| i32::from(c.datacenter_id)).into_datum(),
@@ -652,8 +668,5 @@ fn snowflake_stats(
         as_i64(durable_state.lease_writes).into_datum(),
         as_i64(waits).into_datum(),
     ];
-    let tupdesc = result_tupdesc(fcinfo, NAME);
-    // SAFETY: the datums match snowflake_stats_row's column types, in order.
-    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
-        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(NAME))
+    result_row(fcinfo, NAME, datums)
 }

@@ -37,7 +37,7 @@ pub const SONYFLAKE_EPOCH_MS: i64 = 1_409_529_600_000;
 /// pgEdge snowflake's epoch, 2023-01-01T00:00:00Z.
 pub const PGEDGE_EPOCH_MS: i64 = 1_672_531_200_000;
 
-/// A decoded foreign ID. Fields a layout does not have are `None`.
+/// A decoded ID, ours or another generator's. Fields a layout does not have are `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForeignParts {
     /// Generation time, Unix ms.

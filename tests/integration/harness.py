@@ -44,11 +44,25 @@ class Cluster:
         self.env = {}
 
     # -- lifecycle ---------------------------------------------------------------------
-    def init(self):
+    def _fresh_dir(self):
         self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
         shutil.chown(self.dir, "postgres", "postgres")
+
+    def init_standby_of(self, primary):
+        """Makes this cluster a streaming standby of `primary` (pg_basebackup -R), with its
+        own port and socket directory, and the primary's settings unless it has its own."""
+        self._fresh_dir()
+        as_postgres(f"{PG_BIN}/pg_basebackup", "-h", primary.dir, "-p", str(primary.port),
+                    "-U", "postgres", "-D", self.data, "-R", "-X", "stream", capture=True)
+        if not self.settings:
+            self.settings = dict(primary.settings)
+        self.write_settings()
+        return self
+
+    def init(self):
+        self._fresh_dir()
         as_postgres(f"{PG_BIN}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
                     "--no-sync", capture=True)
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:

@@ -6,7 +6,6 @@ than every ID issued before it (per client while running; globally across a rest
 """
 
 import os
-import shutil
 import signal
 import threading
 import time
@@ -258,12 +257,7 @@ class StandbyPromotion(unittest.TestCase):
             primary.sql("INSERT INTO t (client, n) SELECT 0, g FROM generate_series(1, 5000) g")
             primary.sql("CHECKPOINT")
 
-            shutil.rmtree(standby.dir, ignore_errors=True)
-            os.makedirs(standby.dir)
-            shutil.chown(standby.dir, "postgres", "postgres")
-            as_postgres(f"{PG_BIN}/pg_basebackup", "-h", primary.dir, "-p", str(primary.port),
-                        "-U", "postgres", "-D", standby.data, "-R", "-X", "stream", capture=True)
-            standby.write_settings()  # its own port and socket directory
+            standby.init_standby_of(primary)
             standby.use_faketime("-20")
             standby.start()
 
@@ -321,12 +315,7 @@ class SynchronousReplication(unittest.TestCase):
         try:
             primary.start()
             primary.sql("CREATE EXTENSION snowflake")
-            shutil.rmtree(standby.dir, ignore_errors=True)
-            os.makedirs(standby.dir)
-            shutil.chown(standby.dir, "postgres", "postgres")
-            as_postgres(f"{PG_BIN}/pg_basebackup", "-h", primary.dir, "-p", str(primary.port),
-                        "-U", "postgres", "-D", standby.data, "-R", "-X", "stream", capture=True)
-            standby.write_settings()
+            standby.init_standby_of(primary)
             standby.start()
             primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
             primary.sql("SELECT pg_reload_conf()")

@@ -5,11 +5,10 @@ missing preload, a bad postgresql.conf, a changed epoch, a hot standby.
 """
 
 import os
-import shutil
 import threading
 import unittest
 
-from harness import PG_BIN, Cluster, as_postgres, error_of
+from harness import Cluster, error_of
 
 PRELOAD = "'snowflake'"
 
@@ -256,14 +255,7 @@ class HotStandby(unittest.TestCase):
         cls.primary.start()
         cls.primary.sql("CREATE EXTENSION snowflake")
         cls.issued = cls.primary.one("SELECT snowflake_next()")
-        cls.standby = Cluster("standby")
-        shutil.rmtree(cls.standby.dir, ignore_errors=True)
-        os.makedirs(cls.standby.dir)
-        shutil.chown(cls.standby.dir, "postgres", "postgres")
-        as_postgres(f"{PG_BIN}/pg_basebackup", "-h", cls.primary.dir, "-p", str(cls.primary.port),
-                    "-U", "postgres", "-D", cls.standby.data, "-R", "-X", "stream", capture=True)
-        cls.standby.settings = dict(cls.primary.settings)
-        cls.standby.write_settings()
+        cls.standby = Cluster("standby").init_standby_of(cls.primary)
         cls.standby.start()
 
     @classmethod
