@@ -13,14 +13,15 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 use pgrx::prelude::*;
 use pgrx::{composite_type, AllocatedByRust, PgTupleDesc};
 
-use crate::durable::{self, LayoutCheck, LayoutRecord, LeaseRecord, StateFile};
+use crate::durable::{self, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile};
 use crate::errors::{self, SnowflakeError};
 use crate::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
-use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next};
+use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next, Resumed};
 use crate::gucs;
 use crate::layout::{self, Epoch, Parts};
 use crate::settings::{check_epoch_at, format_rfc3339, Config};
 use crate::shmem;
+use crate::waits;
 use crate::wal;
 
 /// Unix milliseconds of PostgreSQL's timestamp origin, 2000-01-01T00:00:00Z.
@@ -41,7 +42,7 @@ thread_local! {
 
 /// The wall clock in Unix milliseconds (`CLOCK_REALTIME`, which libfaketime can move).
 #[inline]
-fn now_unix_ms() -> i64 {
+pub(crate) fn now_unix_ms() -> i64 {
     match SystemTime::now().duration_since(UNIX_EPOCH) {
         Ok(d) => d.as_millis() as i64,
         Err(e) => -(e.duration().as_millis() as i64),
@@ -79,20 +80,42 @@ fn first_generation_config(function: &'static str) -> errors::Result<Config> {
     Ok(config)
 }
 
-/// Once per server start (and per crash restart): check the recorded layout against the
-/// configuration and resume the generator at the durable lease end. File I/O runs under
-/// the DURABLE lock, never under the generator's. Called once per backend, before READY
-/// is set.
+/// Once per server start (and per crash restart, and after a promotion): check the recorded
+/// layout against the configuration and decide where IDs resume (`durable::plan_resume`):
+/// at the durable lease end after a restart, past every lease the old primary could have
+/// written after a promotion. File I/O runs under the DURABLE lock, never under the
+/// generator's. Called once per backend, before READY is set.
 fn ensure_loaded(config: &Config) -> errors::Result<()> {
     // Never record an epoch that cannot generate now (in the future, or exhausted).
     check_epoch_at(config.epoch, now_unix_ms()).map_err(errors::epoch_problem)?;
     let mut durable_state = shmem::DURABLE.exclusive();
     if !durable_state.loaded {
         let state = recorded_state(config.epoch)?;
+        let live_peer = state
+            .as_ref()
+            .and_then(|s| wal::live_peer_clock(s.reach_cap_ms));
+        let plan = durable::plan_resume(
+            state.as_ref(),
+            wal::insertion_timeline(),
+            now_unix_ms(),
+            live_peer,
+        );
         let lease_end = state
             .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))
             .unwrap_or(0);
-        shmem::GENERATOR.exclusive().generator = Generator::resume_at(lease_end);
+        let floor = lease_timestamp(config.epoch, plan.floor_unix_ms);
+        let resumed = match plan.kind {
+            ResumeKind::Fresh | ResumeKind::Restart => Resumed::Restart,
+            ResumeKind::ClockSetBack { step_back_ms } => Resumed::ClockSetBack { step_back_ms },
+            ResumeKind::Failover { lead_ms, margin_ms } => {
+                errors::failover_resume(plan.floor_unix_ms, lead_ms, margin_ms).log();
+                Resumed::Failover
+            }
+        };
+        let mut shared = shmem::GENERATOR.exclusive();
+        shared.generator = Generator::resume(floor, lease_end, resumed);
+        shared.lease_lsn = 0;
+        shared.confirmed_lsn = 0;
         durable_state.lease_end = lease_end;
         durable_state.loaded = true;
     }
@@ -116,43 +139,81 @@ fn lease_timestamp(epoch: Epoch, lease_end_unix_ms: i64) -> u64 {
 }
 
 /// Extends the durable lease so that it covers `timestamp`: state file first (fsync), then
-/// a WAL record (flushed and waited for when synchronous replication is configured), and
-/// only then the generator's lease. Callers that find the lease already extended by another backend
-/// still wait for that record's replication before using it.
-fn renew_lease(config: &Config, timestamp: u64, wall: u64) -> errors::Result<()> {
-    let target = timestamp.max(wall).saturating_add(gucs::lease_window_ms());
-    let (lease_end, lsn) = {
+/// a WAL record, and only then the generator's lease. The lease reaches
+/// `lease_reach_ms` past the later of `timestamp` and the clock, read under the DURABLE lock
+/// (so that waiting for that lock does not make the lease stale). A session that asks for
+/// synchronous standbys waits for them to confirm the record before the lease is used,
+/// whoever wrote it.
+fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
+    let window = i64::from(gucs::lease_window_ms() as u32);
+    let (lease_end, lsn, started) = {
         let mut durable_state = shmem::DURABLE.exclusive();
+        let started = waits::monotonic_ms();
         if durable_state.lease_end <= timestamp {
-            let new_end = target.max(durable_state.lease_end);
-            let layout = LayoutRecord::current(config.epoch);
-            let lease_end_unix_ms = config.epoch.to_unix_ms(new_end);
+            let now = now_unix_ms();
+            let wall = config.epoch.timestamp_of(now).unwrap_or(0);
+            let last_renewal = shmem::COUNTERS
+                .get()
+                .last_renewal_ms
+                .load(Ordering::Relaxed);
+            let reach = durable::lease_reach_ms(window, last_renewal as i64) as u64;
+            let new_end = timestamp
+                .max(wall)
+                .saturating_add(reach)
+                .max(durable_state.lease_end);
+            let record = LeaseRecord {
+                lease_end_unix_ms: config.epoch.to_unix_ms(new_end),
+                layout: LayoutRecord::current(config.epoch),
+                written_unix_ms: now,
+                timeline: wal::insertion_timeline(),
+                reach_cap_ms: durable::reach_cap_ms(window),
+            };
             // File before WAL: a base backup taken after a record's checkpoint then
             // always copies a file at least as new as every record it will not replay.
-            let state = StateFile {
-                format: durable::FORMAT_VERSION,
-                layout,
-                lease_end_unix_ms,
-            };
-            durable::write(&data_dir(), &state).map_err(|e| errors::state_file(&e, true))?;
-            let lsn = wal::log_lease(&LeaseRecord {
-                lease_end_unix_ms,
-                layout,
-            });
+            durable::write(&data_dir(), &StateFile::own(&record))
+                .map_err(|e| errors::state_file(&e, true))?;
+            durable_state.lease_lsn = wal::log_lease(&record);
             durable_state.lease_end = new_end;
-            durable_state.lease_lsn = lsn;
             durable_state.lease_writes += 1;
         }
-        (durable_state.lease_end, durable_state.lease_lsn)
+        (durable_state.lease_end, durable_state.lease_lsn, started)
     };
-    if !wal::wait_for_sync_standbys(lsn) {
-        return Err(errors::lease_not_replicated());
-    }
-    shmem::GENERATOR
-        .exclusive()
-        .generator
-        .extend_lease(lease_end);
+    let level = wal::wait_for_confirmation(lsn);
+    shmem::COUNTERS.get().last_renewal_ms.store(
+        waits::monotonic_ms().saturating_sub(started),
+        Ordering::Relaxed,
+    );
+    let mut shared = shmem::GENERATOR.exclusive();
+    shared.generator.extend_lease(lease_end);
+    shared.lease_lsn = shared.lease_lsn.max(lsn);
+    note_confirmed(&mut shared, lsn, level);
     Ok(())
+}
+
+/// Records that `lsn` was confirmed at `level`, if that is the strongest level.
+#[inline]
+fn note_confirmed(shared: &mut shmem::SharedGenerator, lsn: u64, level: Option<usize>) {
+    if level == Some(pg_sys::SYNC_REP_WAIT_FLUSH as usize) {
+        shared.confirmed_lsn = shared.confirmed_lsn.max(lsn);
+    }
+}
+
+/// The lease LSN this session must see confirmed before it may issue, if any: the newest
+/// lease record is not yet known to be confirmed, and the session asks for synchronous
+/// standbys that have not confirmed it at its level. Called under the generator's lock;
+/// a few loads when synchronous replication is off.
+#[inline]
+fn unconfirmed_lease(shared: &mut shmem::SharedGenerator) -> Option<u64> {
+    let lsn = shared.lease_lsn;
+    if lsn <= shared.confirmed_lsn {
+        return None;
+    }
+    let level = wal::sync_wait_level()?;
+    if wal::confirmed(lsn, level) {
+        note_confirmed(shared, lsn, Some(level));
+        return None;
+    }
+    Some(lsn)
 }
 
 /// The epoch for decoding: the configured one, checked once per backend against the layout
@@ -171,11 +232,30 @@ fn decode_epoch() -> errors::Result<Epoch> {
 enum Pending {
     /// Everything wanted was issued.
     Done,
+    /// Part was issued: release the lock, service interrupts, and go on.
+    More,
     /// Wait for the clock or extend the lease, then try again.
     Act(Next),
+    /// Wait for the synchronous standbys to confirm the lease record ending at this LSN.
+    Confirm(u64),
     /// Give up.
     Fail(Option<GenerateError>),
 }
+
+/// What `take` did with the generator in one attempt.
+enum Took {
+    /// Everything wanted is issued.
+    All,
+    /// Some is issued; call again (after the lock was released).
+    Some,
+    /// Nothing more now: the generator asks for this first.
+    Wait(Next),
+}
+
+/// Most lease renewals one call makes in a row without issuing anything. Each renewal
+/// widens the next one (see `durable::lease_reach_ms`), so even storage slower than the
+/// window needs two; more means renewals keep taking longer than a widened lease.
+const MAX_RENEWALS_PER_CALL: u32 = 8;
 
 /// One attempt under the generator's lock: read the clock once, let `take` issue what it
 /// can, and decide (rate-limited, server-wide) whether clock events need a WARNING, which is
@@ -184,14 +264,18 @@ enum Pending {
 fn attempt(
     config: &Config,
     policy: ClockPolicy,
-    take: &mut impl FnMut(&mut Generator, u64) -> Result<Option<Next>, GenerateError>,
+    take: &mut impl FnMut(&mut Generator, u64) -> Result<Took, GenerateError>,
 ) -> (Pending, Option<errors::ClockWarning>) {
     let mut shared = shmem::GENERATOR.exclusive();
+    if let Some(lsn) = unconfirmed_lease(&mut shared) {
+        return (Pending::Confirm(lsn), None);
+    }
     let now = now_unix_ms();
     let pending = match config.epoch.timestamp_of(now) {
         Ok(wall) => match take(&mut shared.generator, wall) {
-            Ok(None) => Pending::Done,
-            Ok(Some(next)) => Pending::Act(next),
+            Ok(Took::All) => Pending::Done,
+            Ok(Took::Some) => Pending::More,
+            Ok(Took::Wait(next)) => Pending::Act(next),
             Err(e) => Pending::Fail(Some(e)),
         },
         Err(_) => Pending::Fail(None),
@@ -199,11 +283,12 @@ fn attempt(
     let events = shared.generator.events();
     let warning = if (events.steps_back != shared.warned.steps_back
         || events.exhaustions != shared.warned.exhaustions)
-        && now - shared.last_warning_unix_ms >= gucs::warning_interval_ms()
+        && shared
+            .warnings
+            .allow(waits::monotonic_ms(), gucs::warning_interval_ms() as u64)
     {
         let since = shared.warned;
         shared.warned = events;
-        shared.last_warning_unix_ms = now;
         let ahead_ms = shared
             .generator
             .last_timestamp()
@@ -221,21 +306,17 @@ fn attempt(
     (pending, warning)
 }
 
-/// Runs `take` under the generator's lock until it has issued everything it wants
-/// (it returns `Ok(None)`). Between attempts, with no lock held, waits for the clock or
-/// extends the durable lease as the generator asks; raises the generator's errors.
+/// Runs `take` under the generator's lock until it has issued everything it wants (it
+/// returns `Took::All`). Between attempts, with no lock held, services interrupts, waits for
+/// the clock or the standbys, or extends the durable lease, as asked; raises the errors.
 fn drive(
     function: &'static str,
-    mut take: impl FnMut(
-        &mut Generator,
-        u64,
-        ClockPolicy,
-        &Config,
-    ) -> Result<Option<Next>, GenerateError>,
+    mut take: impl FnMut(&mut Generator, u64, ClockPolicy, &Config) -> Result<Took, GenerateError>,
 ) -> Config {
     let config = generation_config(function).unwrap_or_else(|e| e.raise(function));
     let policy = gucs::clock_policy();
     let mut take = |g: &mut Generator, wall: u64| take(g, wall, policy, &config);
+    let mut renewals = 0;
     loop {
         let (pending, warning) = attempt(&config, policy, &mut take);
         if let Some(w) = warning {
@@ -243,12 +324,31 @@ fn drive(
         }
         let step = match pending {
             Pending::Done => return config,
-            Pending::Act(Next::NeedLease { timestamp, wall }) => {
-                renew_lease(&config, timestamp, wall)
+            Pending::More => {
+                renewals = 0;
+                Ok(())
             }
-            Pending::Act(Next::WaitUntil { wall_ms }) => {
-                wait_for_clock(config.epoch, wall_ms, policy)
+            Pending::Confirm(lsn) => {
+                wal::wait_for_confirmation(lsn);
+                Ok(())
             }
+            Pending::Act(Next::NeedLease { timestamp, .. }) => {
+                renewals += 1;
+                if renewals > MAX_RENEWALS_PER_CALL {
+                    let last = shmem::COUNTERS
+                        .get()
+                        .last_renewal_ms
+                        .load(Ordering::Relaxed);
+                    Err(errors::renewals_too_slow(
+                        renewals - 1,
+                        last,
+                        gucs::lease_window_ms(),
+                    ))
+                } else {
+                    renew_lease(&config, timestamp)
+                }
+            }
+            Pending::Act(Next::WaitUntil { wall_ms }) => wait_for_clock(config.epoch, wall_ms),
             Pending::Act(Next::Issued(_)) => Ok(()),
             Pending::Fail(Some(e)) => Err(errors::generate(e, config.epoch)),
             Pending::Fail(None) => Err(match check_epoch_at(config.epoch, now_unix_ms()) {
@@ -257,6 +357,7 @@ fn drive(
             }),
         };
         step.unwrap_or_else(|e| e.raise(function));
+        pgrx::check_for_interrupts!();
     }
 }
 
@@ -270,9 +371,9 @@ fn drive_one(
         match step(g, wall, policy)? {
             Next::Issued(run) => {
                 issued = Some(run);
-                Ok(None)
+                Ok(Took::All)
             }
-            other => Ok(Some(other)),
+            other => Ok(Took::Wait(other)),
         }
     });
     match issued {
@@ -293,12 +394,13 @@ fn id_of(config: &Config, issued: &Issued, offset: u16) -> i64 {
 }
 
 /// Waits, without any lock held, until the wall clock reaches `wall_ms` (ms since the epoch).
-fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Result<()> {
+/// Interruptible; fails if the clock does not advance.
+fn wait_for_clock(epoch: Epoch, wall_ms: u64) -> errors::Result<()> {
     shmem::COUNTERS.get().waits.fetch_add(1, Ordering::Relaxed);
     let target = epoch.to_unix_ms(wall_ms);
     let started = Instant::now();
-    // The generator asks for at most max_wait_ms; allow slack for a loaded machine.
-    let limit = Duration::from_millis(policy.max_wait_ms.max(1) + 1_000);
+    // The wait is known in advance; allow slack for a loaded machine, then call the clock stalled.
+    let limit = Duration::from_millis((target - now_unix_ms()).max(0) as u64 + 1_000);
     loop {
         let remaining = target - now_unix_ms();
         if remaining <= 0 {
@@ -308,14 +410,13 @@ fn wait_for_clock(epoch: Epoch, wall_ms: u64, policy: ClockPolicy) -> errors::Re
             return Err(errors::clock_stalled(started.elapsed().as_millis() as u64));
         }
         if remaining > 1 {
-            // SAFETY: plain sleep (at most 100 ms at a time); interrupts are checked after.
-            unsafe { pg_sys::pg_usleep((remaining - 1).min(100) * 1_000) };
+            waits::sleep_ms((remaining - 1).min(100));
         } else {
-            // Less than a millisecond to go: spin. Yielding or sleeping can lose the CPU for a
-            // scheduler tick, leaving whole milliseconds of sequence space unused.
+            // Less than a millisecond to go: spin. Sleeping can lose the CPU for a scheduler
+            // tick, leaving whole milliseconds of sequence space unused.
             std::hint::spin_loop();
+            pgrx::check_for_interrupts!();
         }
-        pgrx::check_for_interrupts!();
     }
 }
 
@@ -336,9 +437,9 @@ fn snowflake_next() -> i64 {
 pub const MAX_BATCH: i32 = 1_000_000;
 
 /// `n` strictly increasing IDs, each greater than any ID issued before the call, taken in
-/// runs of up to 4,096 per millisecond under the generator's lock (one acquisition unless
-/// the clock or the lease makes it wait). PARALLEL SAFE for the same reason as
-/// `snowflake_next()`.
+/// runs of up to 4,096 per millisecond, one run per hold of the generator's lock: other
+/// sessions get IDs in between, and a cancel is serviced between runs. PARALLEL SAFE for
+/// the same reason as `snowflake_next()`.
 #[pg_extern(volatile, parallel_safe)]
 fn snowflake_next_batch(n: i32) -> Int8Array {
     const NAME: &str = "snowflake_next_batch";
@@ -349,18 +450,20 @@ fn snowflake_next_batch(n: i32) -> Int8Array {
     // IDs are written straight into the result array: a few microseconds per run of 4,096
     // under the lock, and nothing left to build after the last millisecond.
     drive(NAME, |g, wall, policy, config| {
-        while ids.remaining() > 0 {
-            let want = ids.remaining().min(4096) as u16;
-            match g.next_run(wall, policy, want, false)? {
-                Next::Issued(run) => {
-                    for k in 0..run.count {
-                        ids.push(id_of(config, &run, k));
-                    }
+        let want = ids.remaining().min(4096) as u16;
+        match g.next_run(wall, policy, want, false)? {
+            Next::Issued(run) => {
+                for k in 0..run.count {
+                    ids.push(id_of(config, &run, k));
                 }
-                other => return Ok(Some(other)),
+                Ok(if ids.remaining() > 0 {
+                    Took::Some
+                } else {
+                    Took::All
+                })
             }
+            other => Ok(Took::Wait(other)),
         }
-        Ok(None)
     });
     ids
 }

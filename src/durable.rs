@@ -12,6 +12,13 @@
 //!
 //! Writes are atomic (write a temporary file, fsync it, rename it over the old one, fsync the
 //! directory), so a crash leaves either the old or the new file, never a torn one.
+//!
+//! Failover: every lease carries the writer's clock, timeline and the furthest a lease of
+//! that server may reach. A standby records, with each lease it replays, how far the
+//! primary's clock runs ahead of its own ([`PeerClock`]). When a node generates for the first
+//! time on a timeline other than the one its newest lease was written on (it was promoted),
+//! [`plan_resume`] places the resume point past every lease the old primary could have
+//! written and the standby never received.
 
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
@@ -64,26 +71,206 @@ pub struct StateFile {
     /// No ID of this cluster has a time at or after this (Unix ms); 0 when none was issued.
     #[serde(default)]
     pub lease_end_unix_ms: i64,
+    /// The writer's clock when the lease was written (Unix ms; 0: unknown, files of 0.2).
+    #[serde(default)]
+    pub written_unix_ms: i64,
+    /// The timeline the lease was written on (0: unknown).
+    #[serde(default)]
+    pub timeline: u32,
+    /// The furthest ahead of its clock that the writer may place a lease (ms).
+    #[serde(default)]
+    pub reach_cap_ms: i64,
+    /// Written by WAL replay on a standby: what it saw of the primary's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<PeerClock>,
+}
+
+/// What a standby saw of its primary's clock, as of the last lease it replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerClock {
+    /// How far the primary's clock ran ahead of this server's (ms; negative: behind). A lower
+    /// bound: it is the send time of a message minus its receipt time, short by the transit.
+    pub lead_ms: i64,
+    /// This server's clock at that observation (Unix ms).
+    pub observed_unix_ms: i64,
+    /// The primary's `reach_cap_ms` as of its last lease record.
+    pub reach_cap_ms: i64,
+}
+
+impl PeerClock {
+    /// The lead estimate to keep after a new `sample`: the larger of the sample and the old
+    /// estimate decayed by 1% of the time since it was made. A single sample is short by the
+    /// time its message waited before it was read; the decaying maximum keeps the best
+    /// recent sample instead of the latest, yet forgets a clock the primary has since corrected.
+    pub fn merged(old: Option<PeerClock>, sample: PeerClock) -> PeerClock {
+        match old {
+            Some(old) => {
+                let elapsed = (sample.observed_unix_ms - old.observed_unix_ms).max(0);
+                let decayed = old.lead_ms.saturating_sub(elapsed / 100);
+                PeerClock {
+                    lead_ms: decayed.max(sample.lead_ms),
+                    ..sample
+                }
+            }
+            None => sample,
+        }
+    }
 }
 
 impl StateFile {
-    /// The state to write after replaying `record` over `existing`, or `None` if the file
-    /// already covers it. The lease never moves backwards for the same layout.
-    pub fn merged(existing: Option<&StateFile>, record: &LeaseRecord) -> Option<StateFile> {
-        let lease = match existing {
-            Some(s) if s.layout == record.layout => {
-                if s.lease_end_unix_ms >= record.lease_end_unix_ms {
-                    return None;
-                }
-                record.lease_end_unix_ms
-            }
-            _ => record.lease_end_unix_ms,
-        };
-        Some(StateFile {
+    /// The state a server writes for its own new lease.
+    pub fn own(record: &LeaseRecord) -> StateFile {
+        StateFile {
             format: FORMAT_VERSION,
             layout: record.layout,
-            lease_end_unix_ms: lease,
+            lease_end_unix_ms: record.lease_end_unix_ms,
+            written_unix_ms: record.written_unix_ms,
+            timeline: record.timeline,
+            reach_cap_ms: record.reach_cap_ms,
+            peer: None,
+        }
+    }
+
+    /// The state to write after replaying `record` over `existing`, or `None` if the file
+    /// already covers it. The lease never moves backwards for the same layout. `peer` is the
+    /// standby's observation of the primary's clock (None in crash recovery, where the
+    /// records are this server's own).
+    pub fn merged(
+        existing: Option<&StateFile>,
+        record: &LeaseRecord,
+        peer: Option<PeerClock>,
+    ) -> Option<StateFile> {
+        if let Some(s) = existing {
+            if s.layout == record.layout && s.lease_end_unix_ms >= record.lease_end_unix_ms {
+                return None;
+            }
+        }
+        let old_peer = existing.and_then(|s| s.peer);
+        Some(StateFile {
+            peer: peer.map(|p| PeerClock::merged(old_peer, p)).or(old_peer),
+            ..StateFile::own(record)
         })
+    }
+}
+
+/// How far past the clock a new lease reaches (ms): the window, widened by twice the
+/// duration of the previous renewal (at most [`max_widening_ms`]). A renewal slower than the
+/// window would otherwise be stale on arrival, again and again; widened, the next one still
+/// leaves room for IDs when it completes.
+pub fn lease_reach_ms(window_ms: i64, last_renewal_ms: i64) -> i64 {
+    window_ms
+        + last_renewal_ms
+            .saturating_mul(2)
+            .clamp(0, max_widening_ms(window_ms))
+}
+
+/// The largest widening: the window itself, and at least 100 ms so that tiny windows still
+/// outlast a write to storage and a synchronous standby's round trip.
+pub fn max_widening_ms(window_ms: i64) -> i64 {
+    window_ms.max(100)
+}
+
+/// The furthest a lease written with this window can reach past the writer's clock.
+pub fn reach_cap_ms(window_ms: i64) -> i64 {
+    window_ms + max_widening_ms(window_ms)
+}
+
+/// Why IDs resume where [`plan_resume`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeKind {
+    /// Nothing recorded: a new cluster.
+    Fresh,
+    /// A restart on the timeline of the newest lease, with the clock at or after the time
+    /// that lease was written: the resume point is at most one lease ahead, so waiting for it
+    /// is expected.
+    Restart,
+    /// A restart with the clock earlier than the newest lease was written: the clock was set
+    /// back by `step_back_ms` while the server was down.
+    ClockSetBack {
+        /// How far the clock is behind the time the newest lease was written (ms).
+        step_back_ms: u64,
+    },
+    /// The newest lease was written on another timeline: this node was promoted (or
+    /// restored to a new timeline), and the old primary may have written leases it never
+    /// received. The resume point covers them.
+    Failover {
+        /// The old primary's clock lead used (ms), 0 when unknown.
+        lead_ms: i64,
+        /// The safety margin added (ms).
+        margin_ms: i64,
+    },
+}
+
+/// Where a server resumes issuing IDs, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumePlan {
+    /// Every new ID has a time at or after this (Unix ms).
+    pub floor_unix_ms: i64,
+    /// Why.
+    pub kind: ResumeKind,
+}
+
+/// Margin for a failover floor (ms): 100 ms for the transit of the last message the standby
+/// saw (its estimate of the lead is short by it), plus 500 ppm (the largest frequency
+/// correction the kernel applies to a disciplined clock) of the time since that
+/// observation, for the clocks' drift apart since then.
+pub fn failover_margin_ms(since_observation_ms: i64) -> i64 {
+    100 + since_observation_ms.max(0) / 2_000
+}
+
+/// Where to resume, from the recorded state, the timeline the server now writes on, its
+/// clock, and the freshest observation of the old primary's clock that shared memory still
+/// holds (the WAL receiver's last message; lost at a restart).
+///
+/// On a failover the floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
+/// which died before this promotion, read at most `now + lead` on its clock, and never wrote
+/// a lease further than `reach_cap` ahead of its clock; this node itself (if it was a primary
+/// before, rewound since) read at most `now` on its own.
+pub fn plan_resume(
+    state: Option<&StateFile>,
+    timeline: u32,
+    now_unix_ms: i64,
+    live_peer: Option<PeerClock>,
+) -> ResumePlan {
+    let Some(state) = state else {
+        return ResumePlan {
+            floor_unix_ms: 0,
+            kind: ResumeKind::Fresh,
+        };
+    };
+    let lease = state.lease_end_unix_ms;
+    if state.timeline != 0 && timeline != 0 && state.timeline != timeline {
+        let peer = match (state.peer, live_peer) {
+            (Some(old), Some(new)) => Some(PeerClock::merged(Some(old), new)),
+            (old, new) => new.or(old),
+        };
+        // Never less than this server's own clock: a node rewound (pg_rewind) from a former
+        // primary may itself have written leases on the timeline it left.
+        let lead_ms = peer.map_or(0, |p| p.lead_ms).max(0);
+        let reach = peer.map_or(state.reach_cap_ms, |p| {
+            p.reach_cap_ms.max(state.reach_cap_ms)
+        });
+        let since = peer.map_or(0, |p| now_unix_ms - p.observed_unix_ms);
+        let margin_ms = failover_margin_ms(since);
+        let floor = now_unix_ms
+            .saturating_add(lead_ms)
+            .saturating_add(reach)
+            .saturating_add(margin_ms);
+        return ResumePlan {
+            floor_unix_ms: floor.max(lease),
+            kind: ResumeKind::Failover { lead_ms, margin_ms },
+        };
+    }
+    let kind = if now_unix_ms < state.written_unix_ms {
+        ResumeKind::ClockSetBack {
+            step_back_ms: (state.written_unix_ms - now_unix_ms) as u64,
+        }
+    } else {
+        ResumeKind::Restart
+    };
+    ResumePlan {
+        floor_unix_ms: lease,
+        kind,
     }
 }
 
@@ -94,19 +281,29 @@ pub struct LeaseRecord {
     pub lease_end_unix_ms: i64,
     /// The layout the lease is for.
     pub layout: LayoutRecord,
+    /// The writer's clock (Unix ms) when it computed the lease (0 in version-1 records).
+    pub written_unix_ms: i64,
+    /// The writer's timeline (0 in version-1 records).
+    pub timeline: u32,
+    /// The furthest ahead of its clock the writer may place any lease (ms).
+    pub reach_cap_ms: i64,
 }
 
 const RECORD_MAGIC: u32 = 0x534e_464c; // "SNFL"
+/// Version of the WAL record written by this build. Version 1 (0.2) is still read.
+pub const RECORD_VERSION: u32 = 2;
 
 impl LeaseRecord {
-    /// Encoded size in bytes.
-    pub const SIZE: usize = 32;
+    /// Encoded size in bytes (version 2).
+    pub const SIZE: usize = 52;
+    /// Encoded size of a version-1 record.
+    const SIZE_V1: usize = 32;
 
     /// Encodes the record.
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut out = [0u8; Self::SIZE];
         out[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
-        out[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[4..8].copy_from_slice(&RECORD_VERSION.to_le_bytes());
         out[8..16].copy_from_slice(&self.lease_end_unix_ms.to_le_bytes());
         out[16..24].copy_from_slice(&self.layout.epoch_ms.to_le_bytes());
         let bits = [
@@ -118,21 +315,29 @@ impl LeaseRecord {
         for (i, b) in bits.iter().enumerate() {
             out[24 + i * 2..26 + i * 2].copy_from_slice(&(*b as u16).to_le_bytes());
         }
+        out[32..40].copy_from_slice(&self.written_unix_ms.to_le_bytes());
+        out[40..44].copy_from_slice(&self.timeline.to_le_bytes());
+        out[44..52].copy_from_slice(&self.reach_cap_ms.to_le_bytes());
         out
     }
 
     /// Decodes a record; `None` if it is not one of ours or of an unknown version.
     pub fn decode(bytes: &[u8]) -> Option<LeaseRecord> {
-        if bytes.len() != Self::SIZE {
-            return None;
-        }
         let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
         let i64_at = |i: usize| i64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
         let u16_at = |i: usize| u32::from(u16::from_le_bytes(bytes[i..i + 2].try_into().unwrap()));
-        if u32_at(0) != RECORD_MAGIC || u32_at(4) != FORMAT_VERSION {
+        if bytes.len() < Self::SIZE_V1 || u32_at(0) != RECORD_MAGIC {
             return None;
         }
+        let (written_unix_ms, timeline, reach_cap_ms) = match (u32_at(4), bytes.len()) {
+            (1, Self::SIZE_V1) => (0, 0, 0),
+            (RECORD_VERSION, Self::SIZE) => (i64_at(32), u32_at(40), i64_at(44)),
+            _ => return None,
+        };
         Some(LeaseRecord {
+            written_unix_ms,
+            timeline,
+            reach_cap_ms,
             lease_end_unix_ms: i64_at(8),
             layout: LayoutRecord {
                 epoch_ms: i64_at(16),
@@ -231,11 +436,7 @@ mod tests {
     fn write_then_read() {
         let dir = temp_dir("rw");
         assert_eq!(read(&dir).unwrap(), None);
-        let state = StateFile {
-            format: FORMAT_VERSION,
-            layout: LayoutRecord::current(Epoch::TWITTER),
-            lease_end_unix_ms: 1_700_000_000_000,
-        };
+        let state = StateFile::own(&record(1_700_000_000_000));
         write(&dir, &state).unwrap();
         assert_eq!(read(&dir).unwrap(), Some(state.clone()));
         assert!(!dir.join("snowflake.state.tmp").exists());
@@ -271,14 +472,23 @@ mod tests {
         fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A version-2 record as the primary writes it.
+    fn record(lease_end_unix_ms: i64) -> LeaseRecord {
+        LeaseRecord {
+            lease_end_unix_ms,
+            layout: LayoutRecord::current(Epoch::TWITTER),
+            written_unix_ms: lease_end_unix_ms - 1_000,
+            timeline: 1,
+            reach_cap_ms: 2_000,
+        }
+    }
+
     #[test]
     fn lease_records_round_trip_and_reject_garbage() {
-        let rec = LeaseRecord {
-            lease_end_unix_ms: 1_795_324_179_240,
-            layout: LayoutRecord::current(Epoch::TWITTER),
-        };
+        let rec = record(1_795_324_179_240);
         assert_eq!(LeaseRecord::decode(&rec.encode()), Some(rec));
         assert_eq!(LeaseRecord::decode(&rec.encode()[..31]), None);
+        assert_eq!(LeaseRecord::decode(&rec.encode()[..51]), None);
         let mut bad = rec.encode();
         bad[0] ^= 1;
         assert_eq!(LeaseRecord::decode(&bad), None);
@@ -288,22 +498,40 @@ mod tests {
     }
 
     #[test]
+    fn version_1_records_of_0_2_still_replay() {
+        // The 32 bytes 0.2 wrote: magic, version 1, lease end, epoch, four bit widths.
+        let rec = record(1_795_324_179_240);
+        let mut v1 = rec.encode()[..32].to_vec();
+        v1[4..8].copy_from_slice(&1u32.to_le_bytes());
+        let decoded = LeaseRecord::decode(&v1).unwrap();
+        assert_eq!(decoded.lease_end_unix_ms, rec.lease_end_unix_ms);
+        assert_eq!(decoded.layout, rec.layout);
+        assert_eq!(
+            (
+                decoded.written_unix_ms,
+                decoded.timeline,
+                decoded.reach_cap_ms
+            ),
+            (0, 0, 0)
+        );
+        // A version-1 header on a version-2 body (or the reverse) is garbage.
+        let mut mixed = rec.encode();
+        mixed[4..8].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(LeaseRecord::decode(&mixed), None);
+    }
+
+    #[test]
     fn replay_never_moves_the_lease_back() {
         let layout = LayoutRecord::current(Epoch::TWITTER);
-        let rec = |ms| LeaseRecord {
-            lease_end_unix_ms: ms,
-            layout,
-        };
-        let fresh = StateFile::merged(None, &rec(5_000)).unwrap();
+        let rec = record;
+        let fresh = StateFile::merged(None, &rec(5_000), None).unwrap();
         assert_eq!(fresh.lease_end_unix_ms, 5_000);
-        assert_eq!(StateFile::merged(Some(&fresh), &rec(4_000)), None);
-        assert_eq!(StateFile::merged(Some(&fresh), &rec(5_000)), None);
-        assert_eq!(
-            StateFile::merged(Some(&fresh), &rec(6_000))
-                .unwrap()
-                .lease_end_unix_ms,
-            6_000
-        );
+        assert_eq!(StateFile::merged(Some(&fresh), &rec(4_000), None), None);
+        assert_eq!(StateFile::merged(Some(&fresh), &rec(5_000), None), None);
+        let newer = StateFile::merged(Some(&fresh), &rec(6_000), None).unwrap();
+        assert_eq!(newer.lease_end_unix_ms, 6_000);
+        assert_eq!(newer.written_unix_ms, 5_000);
+        assert_eq!(newer.timeline, 1);
         // A record of another layout (the primary's) replaces the file's layout.
         let other = LeaseRecord {
             lease_end_unix_ms: 1,
@@ -311,9 +539,10 @@ mod tests {
                 epoch_ms: 0,
                 ..layout
             },
+            ..rec(1)
         };
         assert_eq!(
-            StateFile::merged(Some(&fresh), &other)
+            StateFile::merged(Some(&fresh), &other, None)
                 .unwrap()
                 .layout
                 .epoch_ms,
@@ -322,14 +551,155 @@ mod tests {
     }
 
     #[test]
+    fn lease_reach_widens_after_slow_renewals_up_to_the_cap() {
+        assert_eq!(lease_reach_ms(1_000, 0), 1_000);
+        assert_eq!(lease_reach_ms(1_000, 2), 1_004);
+        assert_eq!(lease_reach_ms(1_000, 5_000), 2_000);
+        assert_eq!(lease_reach_ms(1, 4), 9);
+        assert_eq!(lease_reach_ms(1, 1_000), 101);
+        assert_eq!(reach_cap_ms(1), 101);
+        assert_eq!(reach_cap_ms(1_000), 2_000);
+        for (w, r) in [(1, 0), (1, 50), (10, 7), (1_000, 999), (3_600_000, 1)] {
+            assert!(lease_reach_ms(w, r) <= reach_cap_ms(w));
+            assert!(lease_reach_ms(w, r) >= w);
+        }
+    }
+
+    fn peer(lead_ms: i64, observed_unix_ms: i64) -> PeerClock {
+        PeerClock {
+            lead_ms,
+            observed_unix_ms,
+            reach_cap_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn replay_keeps_the_peer_clock_and_a_decaying_maximum_of_its_lead() {
+        let first = StateFile::merged(None, &record(5_000), Some(peer(4_000, 10_000))).unwrap();
+        assert_eq!(first.peer, Some(peer(4_000, 10_000)));
+        // A later, lower sample (a message that waited to be read) does not lower it at once.
+        let second =
+            StateFile::merged(Some(&first), &record(6_000), Some(peer(3_000, 20_000))).unwrap();
+        assert_eq!(second.peer.unwrap().lead_ms, 3_900);
+        assert_eq!(second.peer.unwrap().observed_unix_ms, 20_000);
+        // Long after, a corrected clock wins.
+        let later =
+            StateFile::merged(Some(&second), &record(7_000), Some(peer(10, 1_000_000))).unwrap();
+        assert_eq!(later.peer.unwrap().lead_ms, 10);
+        // Crash recovery (no observation) keeps what the standby saw.
+        let crash = StateFile::merged(Some(&later), &record(8_000), None).unwrap();
+        assert_eq!(crash.peer, later.peer);
+        // The primary's own write drops it.
+        assert_eq!(StateFile::own(&record(9_000)).peer, None);
+    }
+
+    #[test]
+    fn resume_after_a_restart_or_with_the_clock_set_back() {
+        assert_eq!(plan_resume(None, 1, 123, None).kind, ResumeKind::Fresh);
+        let state = StateFile::own(&record(50_000)); // written at 49_000, timeline 1
+        let plan = plan_resume(Some(&state), 1, 49_500, None);
+        assert_eq!(
+            plan,
+            ResumePlan {
+                floor_unix_ms: 50_000,
+                kind: ResumeKind::Restart
+            }
+        );
+        let plan = plan_resume(Some(&state), 1, 19_000, None);
+        assert_eq!(plan.floor_unix_ms, 50_000);
+        assert_eq!(
+            plan.kind,
+            ResumeKind::ClockSetBack {
+                step_back_ms: 30_000
+            }
+        );
+        // Files of 0.2 know neither time nor timeline: a restart.
+        let old = StateFile {
+            written_unix_ms: 0,
+            timeline: 0,
+            ..state.clone()
+        };
+        assert_eq!(
+            plan_resume(Some(&old), 2, 1, None).kind,
+            ResumeKind::Restart
+        );
+    }
+
+    #[test]
+    fn failover_covers_the_old_primarys_clock_and_reach() {
+        // A standby whose clock is 5 s behind replayed a lease; it is promoted (timeline 2)
+        // 3 s after its last observation of the primary.
+        let state = StateFile::merged(None, &record(50_000), Some(peer(5_000, 44_000))).unwrap();
+        let now = 47_000;
+        let plan = plan_resume(Some(&state), 2, now, None);
+        let margin = failover_margin_ms(3_000);
+        assert_eq!(margin, 101);
+        assert_eq!(plan.floor_unix_ms, now + 5_000 + 2_000 + margin);
+        assert_eq!(
+            plan.kind,
+            ResumeKind::Failover {
+                lead_ms: 5_000,
+                margin_ms: margin
+            }
+        );
+        // A fresher observation still in shared memory counts too.
+        let live = peer(6_000, 46_900);
+        let plan = plan_resume(Some(&state), 2, now, Some(live));
+        assert_eq!(
+            plan.floor_unix_ms,
+            now + 6_000 + 2_000 + failover_margin_ms(100)
+        );
+        // A primary whose clock was behind: this node's own clock still counts.
+        let behind = StateFile::merged(None, &record(50_000), Some(peer(-9_000, 44_000))).unwrap();
+        assert_eq!(
+            plan_resume(Some(&behind), 2, now, None).floor_unix_ms,
+            now + 2_000 + margin
+        );
+        // Never below a lease the standby did receive.
+        let far = StateFile::merged(None, &record(90_000), Some(peer(0, 44_000))).unwrap();
+        assert_eq!(plan_resume(Some(&far), 2, now, None).floor_unix_ms, 90_000);
+        // Nothing observed (a restore to a new timeline): the clocks are assumed equal.
+        let own = StateFile::own(&record(50_000));
+        assert_eq!(
+            plan_resume(Some(&own), 2, 60_000, None).floor_unix_ms,
+            60_000 + 2_000 + 100
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever the old primary's clock lead, reach and timing: if it wrote a lease at a
+        /// time no later than the promotion, the failover floor is past that lease, provided
+        /// the standby saw its lead within the transit the margin allows.
+        #[test]
+        fn failover_floor_is_past_every_unreceived_lease(
+            lead in -60_000i64..60_000,
+            transit in 0i64..100,
+            observed_ago in 0i64..3_600_000,
+            written_before_promotion in 0i64..7_200_000,
+            reach_cap in 1i64..7_200_000,
+            reach_frac in 0.0f64..=1.0,
+        ) {
+            let now = 2_000_000_000_000i64;
+            let observed = now - observed_ago;
+            // What the standby recorded: the lead, short by the message's transit.
+            let seen = StateFile::merged(
+                None,
+                &LeaseRecord { reach_cap_ms: reach_cap, ..record(1) },
+                Some(PeerClock { lead_ms: lead - transit, observed_unix_ms: observed, reach_cap_ms: reach_cap }),
+            ).unwrap();
+            // A lease the primary wrote (on its own clock) before the promotion.
+            let written = now - written_before_promotion + lead;
+            let lease_end = written + (reach_cap as f64 * reach_frac) as i64;
+            let plan = plan_resume(Some(&seen), 2, now, None);
+            proptest::prop_assert!(plan.floor_unix_ms >= lease_end);
+        }
+    }
+
+    #[test]
     fn layout_comparison() {
         let twitter = LayoutRecord::current(Epoch::TWITTER);
         let discord = LayoutRecord::current(Epoch::from_unix_ms(1_420_070_400_000).unwrap());
-        let state = StateFile {
-            format: FORMAT_VERSION,
-            layout: twitter,
-            lease_end_unix_ms: 0,
-        };
+        let state = StateFile::own(&record(0));
         assert_eq!(check_layout(None, &twitter), LayoutCheck::NotRecorded);
         assert_eq!(check_layout(Some(&state), &twitter), LayoutCheck::Matches);
         assert_eq!(

@@ -54,6 +54,15 @@ impl SnowflakeError {
             .report(PgLogLevel::WARNING);
     }
 
+    /// Writes the report to the server log only (LOG level), for events a DBA should find
+    /// there but that are not an error for the caller.
+    pub fn log(self) {
+        ErrorReport::new(self.code, self.message, "snowflake")
+            .set_detail(self.detail)
+            .set_hint(self.hint)
+            .report(PgLogLevel::LOG);
+    }
+
     /// Raises the error (`ereport(ERROR)`); never returns.
     pub fn raise(self, function: &'static str) -> ! {
         ErrorReport::new(self.code, self.message, function)
@@ -179,6 +188,17 @@ pub fn generate(err: GenerateError, epoch: Epoch) -> SnowflakeError {
             ),
             "Wait until the clock catches up with the last issued ID, or correct the server's time source.",
         ),
+        GenerateError::BehindFailoverFloor {
+            ahead_ms,
+            max_drift_ms,
+        } => SnowflakeError::new(
+            PgSqlErrorCode::ERRCODE_SYSTEM_ERROR,
+            format!("cannot issue snowflake IDs for another {} ms after promotion", ahead_ms - max_drift_ms),
+            format!(
+                "This server was promoted. IDs resume {ahead_ms} ms ahead of its clock, past every lease the old primary could have written; snowflake.max_clock_drift allows {max_drift_ms} ms. No ID was issued."
+            ),
+            "Retry when the time has passed, or set snowflake.clock_behind_action = 'wait' so that callers wait (up to snowflake.max_clock_wait). The server log has the numbers behind the resume point.",
+        ),
         GenerateError::TimestampExhausted { timestamp } => SnowflakeError::new(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "the current time is beyond the range of snowflake IDs",
@@ -299,13 +319,42 @@ pub fn layout(err: LayoutError) -> SnowflakeError {
     }
 }
 
-/// The wait for synchronous standbys to confirm a lease record was cancelled.
-pub fn lease_not_replicated() -> SnowflakeError {
+/// WAL replay found a state file it cannot read: replacing it could move the lease back.
+pub fn state_file_in_replay(err: &io::Error) -> SnowflakeError {
     SnowflakeError::new(
-        PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
-        "canceling statement: the synchronous standby did not confirm the new ID lease",
-        "IDs are issued only under a lease that synchronous standbys have, so that a promoted standby never reissues them. No ID was issued.",
-        "Check that the synchronous standbys in synchronous_standby_names are connected.",
+        if err.kind() == io::ErrorKind::InvalidData {
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED
+        } else {
+            PgSqlErrorCode::ERRCODE_IO_ERROR
+        },
+        format!("could not read file \"{}\" during WAL replay: {err}", durable::STATE_FILE),
+        "The file may hold a lease beyond the one being replayed; replacing it could let a promoted server reissue IDs. Recovery stops.",
+        "Restore the file from the primary (it is safe to copy the primary's file over it), or fix its permissions, and start the server again.",
+    )
+}
+
+/// One call renewed the lease again and again without issuing: renewals take longer than
+/// even a widened lease reaches.
+pub fn renewals_too_slow(renewals: u32, last_renewal_ms: u64, window_ms: u64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_SYSTEM_ERROR,
+        "could not extend the snowflake ID lease in time",
+        format!(
+            "{renewals} lease renewals in a row were used up before they completed; the last took {last_renewal_ms} ms, snowflake.lease_window is {window_ms} ms. No ID was issued."
+        ),
+        "Raise snowflake.lease_window above the time a lease write takes (a small-file fsync, plus the synchronous standbys' round trip), or check the storage and the standbys.",
+    )
+}
+
+/// The LOG line written when a promoted server places its resume point.
+pub fn failover_resume(floor_unix_ms: i64, lead_ms: i64, margin_ms: i64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        format!("snowflake: promoted; IDs resume at {}", ms(floor_unix_ms)),
+        format!(
+            "The newest lease was written on another timeline. The old primary's clock was seen {lead_ms} ms ahead of this server's; the resume point adds its largest lease reach and a margin of {margin_ms} ms."
+        ),
+        "Until this server's clock is within snowflake.max_clock_drift of that time, snowflake_next() waits or fails as snowflake.clock_behind_action says.",
     )
 }
 

@@ -56,11 +56,32 @@ pub struct Events {
     pub largest_step_back_ms: u64,
 }
 
+/// Why the generator resumed where it did. Decides what a caller meets while the clock is
+/// still behind the resume point, before the first ID.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Resumed {
+    /// A restart: the resume point is at most one lease ahead of the clock. Not a clock
+    /// fault: callers wait for it, whatever the clock policy.
+    #[default]
+    Restart,
+    /// The clock is earlier than when the last lease was written: it was set back while the
+    /// server was down. The clock policy applies, and the error reports the real step.
+    ClockSetBack {
+        /// How far the clock is behind the time the last lease was written (ms).
+        step_back_ms: u64,
+    },
+    /// Promoted: the resume point covers the old primary's possible leases. The clock
+    /// policy applies.
+    Failover,
+}
+
 /// The generator's state. `Copy` and plain data, so it can live in shared memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Generator {
     /// Whether anything was issued since the state was created.
     started: bool,
+    /// Why the floor (the initial `last_timestamp`) is where it is.
+    resumed: Resumed,
     /// Timestamp of the last ID issued (the ID clock); before the first ID, the floor.
     last_timestamp: u64,
     /// Sequence of the last ID issued.
@@ -121,6 +142,13 @@ pub enum GenerateError {
         /// The policy's bound.
         max_drift_ms: u64,
     },
+    /// After a promotion, the clock is too far behind the resume point to wait.
+    BehindFailoverFloor {
+        /// How far ahead of the wall clock the first ID would be, ms.
+        ahead_ms: u64,
+        /// The policy's bound.
+        max_drift_ms: u64,
+    },
     /// The next ID's timestamp does not fit 41 bits.
     TimestampExhausted {
         /// The timestamp that did not fit.
@@ -132,9 +160,16 @@ impl Generator {
     /// The generator after a restart: `lease_end` is the durable lease end, so every ID
     /// issued before the restart has a timestamp below it. Every new ID is at or above it.
     pub fn resume_at(lease_end: u64) -> Generator {
+        Generator::resume(lease_end, lease_end, Resumed::Restart)
+    }
+
+    /// The generator after a restart or a promotion: every new ID has a timestamp at or above
+    /// `floor`; IDs below `lease_end` (the durable lease) may be issued without a new lease.
+    pub fn resume(floor: u64, lease_end: u64, resumed: Resumed) -> Generator {
         Generator {
-            last_timestamp: lease_end,
+            last_timestamp: floor,
             lease_end,
+            resumed,
             ..Generator::default()
         }
     }
@@ -207,16 +242,32 @@ impl Generator {
         let ahead_ms = timestamp - timestamp.min(wall);
         if ahead_ms > policy.max_drift_ms {
             let excess = ahead_ms - policy.max_drift_ms;
+            let wait = Next::WaitUntil {
+                wall_ms: timestamp - policy.max_drift_ms,
+            };
             if excess <= policy.max_wait_ms.max(1) {
-                return Ok(Next::WaitUntil {
-                    wall_ms: timestamp - policy.max_drift_ms,
-                });
+                return Ok(wait);
             }
-            return Err(GenerateError::ClockBehind {
-                step_back_ms,
-                ahead_ms,
-                max_drift_ms: policy.max_drift_ms,
-            });
+            let max_drift_ms = policy.max_drift_ms;
+            return match (self.started, self.resumed) {
+                (false, Resumed::Restart) => Ok(wait),
+                (false, Resumed::Failover) => Err(GenerateError::BehindFailoverFloor {
+                    ahead_ms,
+                    max_drift_ms,
+                }),
+                (false, Resumed::ClockSetBack { step_back_ms }) => {
+                    Err(GenerateError::ClockBehind {
+                        step_back_ms,
+                        ahead_ms,
+                        max_drift_ms,
+                    })
+                }
+                (true, _) => Err(GenerateError::ClockBehind {
+                    step_back_ms,
+                    ahead_ms,
+                    max_drift_ms,
+                }),
+            };
         }
         if timestamp > MAX_TIMESTAMP {
             return Err(GenerateError::TimestampExhausted { timestamp });
@@ -429,12 +480,79 @@ mod tests {
         let mut g = Generator::resume_at(10_000);
         g.extend_lease(20_000);
         assert_eq!(issue(&mut g, 10_050, P), (10_050, 0));
-        // Far behind the lease end: more than the drift bound, an error, nothing issued.
+        // A restart within the lease: the clock is behind the resume point by design, and
+        // callers wait for it whatever the policy (not an error, not a "step back").
         let mut g = Generator::resume_at(10_000);
+        g.extend_lease(11_000);
+        assert_eq!(g.next(5_000, P), Ok(Next::WaitUntil { wall_ms: 9_000 }));
+        assert_eq!(
+            g.next(5_000, STRICT),
+            Ok(Next::WaitUntil { wall_ms: 10_000 })
+        );
+        assert_eq!(issue(&mut g, 9_000, P), (10_000, 0));
+        // Once started, a clock behind the ID clock is a real step back again.
         assert!(matches!(
             g.next(5_000, P),
             Err(GenerateError::ClockBehind { .. })
         ));
+    }
+
+    #[test]
+    fn resume_with_the_clock_set_back_reports_the_real_step() {
+        let mut g = Generator::resume(
+            10_000,
+            10_000,
+            Resumed::ClockSetBack {
+                step_back_ms: 30_000,
+            },
+        );
+        assert_eq!(
+            g.next(5_000, P),
+            Err(GenerateError::ClockBehind {
+                step_back_ms: 30_000,
+                ahead_ms: 5_000,
+                max_drift_ms: 1_000
+            })
+        );
+        // A wait policy long enough still waits.
+        let patient = ClockPolicy {
+            max_drift_ms: 1_000,
+            max_wait_ms: 10_000,
+        };
+        assert_eq!(
+            g.next(5_000, patient),
+            Ok(Next::WaitUntil { wall_ms: 9_000 })
+        );
+    }
+
+    #[test]
+    fn resume_after_failover_follows_the_clock_policy() {
+        let mut g = Generator::resume(10_000, 8_000, Resumed::Failover);
+        assert_eq!(
+            g.next(5_000, P),
+            Err(GenerateError::BehindFailoverFloor {
+                ahead_ms: 5_000,
+                max_drift_ms: 1_000
+            })
+        );
+        let patient = ClockPolicy {
+            max_drift_ms: 1_000,
+            max_wait_ms: 10_000,
+        };
+        assert_eq!(
+            g.next(5_000, patient),
+            Ok(Next::WaitUntil { wall_ms: 9_000 })
+        );
+        // At the floor: the lease (below the floor) must be extended first.
+        assert_eq!(
+            g.next(9_500, P),
+            Ok(Next::NeedLease {
+                timestamp: 10_000,
+                wall: 9_500
+            })
+        );
+        g.extend_lease(11_000);
+        assert_eq!(issue(&mut g, 9_500, P), (10_000, 0));
     }
 
     fn run(g: &mut Generator, wall: u64, want: u16, contiguous: bool) -> (u64, u16, u16) {
@@ -508,7 +626,13 @@ mod tests {
                         }
                         Ok(Next::WaitUntil { wall_ms }) => {
                             prop_assert!(wall_ms > wall);
-                            prop_assert!(wall_ms - wall <= policy.max_wait_ms.max(1));
+                            if before.last_timestamp().is_some() {
+                                prop_assert!(wall_ms - wall <= policy.max_wait_ms.max(1));
+                            } else {
+                                // Before the first ID after a restart: at most up to the
+                                // resume point (the durable lease end).
+                                prop_assert!(wall_ms <= durable_lease_end.max(wall + policy.max_wait_ms.max(1)));
+                            }
                             prop_assert_eq!((g.last_timestamp, g.sequence), (before.last_timestamp, before.sequence));
                             wall = wall_ms; // the caller sleeps until then
                         }

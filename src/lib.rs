@@ -1,8 +1,9 @@
 //! snowflake: Twitter-style Snowflake IDs generated inside PostgreSQL.
 //!
-//! Pure logic (no pgrx): [`layout`], [`settings`], [`generator`], [`durable`], [`foreign`].
-//! Glue: [`gucs`] (settings), [`shmem`] (shared memory), [`errors`], `wal` (the custom WAL
-//! resource manager) and `api` (SQL functions).
+//! Pure logic (no pgrx): [`layout`], [`settings`], [`generator`], [`durable`], [`foreign`],
+//! [`ratelimit`]. Glue: [`gucs`] (settings), [`shmem`] (shared memory), [`errors`], `wal`
+//! (the custom WAL resource manager and the wait for synchronous standbys), `waits` (latch
+//! waits, the monotonic clock) and `api` (SQL functions).
 
 use pgrx::prelude::*;
 
@@ -10,12 +11,14 @@ pub mod durable;
 pub mod foreign;
 pub mod generator;
 pub mod layout;
+pub mod ratelimit;
 pub mod settings;
 
 mod api;
 pub mod errors;
 pub mod gucs;
 pub mod shmem;
+mod waits;
 mod wal;
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -8,16 +8,25 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic, PgLwLock};
 
 use crate::generator::{Events, Generator};
+use crate::ratelimit::RateLimiter;
 
 /// Generator state shared by every backend of the server.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SharedGenerator {
     /// The state machine (with its lease end and event counters).
     pub generator: Generator,
+    /// End LSN of the newest lease record, the one that made `generator`'s lease end
+    /// durable (0: none, or no WAL on this major). Whoever wrote it, and whatever their
+    /// `synchronous_commit`, a session that asks for synchronous standbys issues nothing
+    /// until they have confirmed it.
+    pub lease_lsn: u64,
+    /// The highest lease LSN known to be confirmed at remote flush (the strongest level a
+    /// lease waits for), so that the hot path skips the check once it holds.
+    pub confirmed_lsn: u64,
     /// Event counters as of the last WARNING, to report what happened since.
     pub warned: Events,
-    /// Unix ms of the last WARNING (rate limit).
-    pub last_warning_unix_ms: i64,
+    /// Rate limit of the WARNINGs (monotonic clock).
+    pub warnings: RateLimiter,
 }
 
 // SAFETY: plain `Copy` data without pointers.
@@ -44,6 +53,9 @@ unsafe impl PGRXSharedMemory for SharedDurable {}
 pub struct Counters {
     /// Times a caller slept for the clock.
     pub waits: AtomicU64,
+    /// How long the last lease renewal took, from its clock reading to the moment its lease
+    /// could be used (ms). The next lease is widened by twice this.
+    pub last_renewal_ms: AtomicU64,
 }
 
 // SAFETY: atomics only.

@@ -1,23 +1,27 @@
-//! The custom WAL resource manager that carries lease extensions to standbys (PG15+).
+//! The custom WAL resource manager that carries lease extensions to standbys (PG15+), and
+//! the wait for synchronous standbys to confirm them.
 //!
-//! One record type, `LEASE`: the new lease end and the layout. Redo (on a standby, and in
-//! crash recovery) merges it into the state file, so a promoted standby resumes after
-//! every lease whose record it received. No relation, buffer or per-call lock is involved:
-//! a record is written only when the lease is extended (at most once per
-//! `snowflake.lease_window` under steady load).
+//! One record type, `LEASE`: the new lease end, the layout, and the writer's clock, timeline
+//! and lease reach. Redo (on a standby, and in crash recovery) merges it into the state file,
+//! so a promoted standby resumes after every lease whose record it received, and past the
+//! leases it may have missed (see `durable::plan_resume`). No relation, buffer or per-call
+//! lock is involved: a record is written only when the lease is extended (at most about
+//! once per `snowflake.lease_window` under steady load).
 
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use pgrx::prelude::*;
 
-use crate::durable::{self, LeaseRecord, StateFile};
+use crate::durable::{self, LeaseRecord, PeerClock, StateFile};
 use crate::settings::format_unix_ms;
 
 /// `info` bits of a lease record (the high nibble is the resource manager's).
 const XLOG_SNOWFLAKE_LEASE: u8 = 0x10;
 /// Low bits of `xl_info` reserved by PostgreSQL.
 const XLR_INFO_MASK: u8 = 0x0F;
+/// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
+const PG_EPOCH_UNIX_US: i64 = 946_684_800_000_000;
 
 /// The id registered at startup (0: not registered).
 static RMGR_ID: AtomicU8 = AtomicU8::new(0);
@@ -41,13 +45,15 @@ pub fn register(rmgr_id: u8) {
 #[cfg(any(feature = "pg13", feature = "pg14"))]
 pub fn register(_rmgr_id: u8) {}
 
-/// WAL-logs a lease extension; returns the record's end LSN, or 0 when there is nothing to
-/// wait for (no resource manager on this major, or no synchronous replication).
+/// WAL-logs a lease extension and returns the record's end LSN (0 when this major has no
+/// custom resource managers).
 ///
 /// Local durability comes from the state file (fsync'd before this is called). The record
-/// is for standbys: with synchronous replication it is flushed here and the caller waits
-/// for the standby; otherwise the WAL writer flushes it within `wal_writer_delay`, so that a
-/// bulk insert does not pay a synchronous flush of all its WAL once per lease window.
+/// is for standbys. It is not flushed here: a bulk insert would pay a synchronous flush of
+/// all its WAL once per lease window. Instead the WAL writer is asked to flush it, as for an
+/// asynchronous commit, so that it reaches the WAL (and the standbys) within
+/// `wal_writer_delay` even if no commit follows; sessions that need synchronous standbys to
+/// confirm it flush it themselves ([`wait_for_confirmation`]).
 pub fn log_lease(record: &LeaseRecord) -> u64 {
     let rmgr_id = RMGR_ID.load(Ordering::Relaxed);
     if rmgr_id == 0 {
@@ -59,62 +65,144 @@ pub fn log_lease(record: &LeaseRecord) -> u64 {
         pg_sys::XLogBeginInsert();
         pg_sys::XLogRegisterData(bytes.as_ptr().cast_mut().cast(), bytes.len() as _);
         let lsn = pg_sys::XLogInsert(rmgr_id, XLOG_SNOWFLAKE_LEASE);
-        if !synchronous_replication() {
-            return 0;
-        }
-        pg_sys::XLogFlush(lsn);
+        pg_sys::XLogSetAsyncXactLSN(lsn);
         lsn
     }
 }
 
-/// Whether this session's commits wait for synchronous standbys (SyncRepRequested() and a
-/// non-empty synchronous_standby_names).
-fn synchronous_replication() -> bool {
-    // SAFETY: plain reads of GUC globals in this backend.
+/// The timeline this server writes WAL on (0 on majors without custom resource managers,
+/// where the lease is not in the WAL and timelines do not matter to it).
+pub fn insertion_timeline() -> u32 {
+    // SAFETY: valid once recovery has ended, which generation checks first.
+    unsafe { pg_sys::GetWALInsertionTimeLine() }
+}
+
+/// Index into `WalSndCtl->lsn` of the position this session's lease records must reach on
+/// the synchronous standbys, or `None` when it need not wait for any standby.
+///
+/// Mirrors `SyncRepWaitForLSN(lsn, commit = false)`: the session must ask for synchronous
+/// replication (`synchronous_commit` above `local`), and the checkpointer must have
+/// published a non-empty `synchronous_standby_names` (read from shared memory, so that
+/// clearing it takes effect at once for every session). A record that is not a commit is
+/// confirmed at remote flush at most: a standby reports its apply position for commits
+/// only, so waiting for `remote_apply` would wait for an unrelated later report.
+pub fn sync_wait_level() -> Option<usize> {
+    // SAFETY: plain reads of this backend's settings and of a shared flag byte.
     unsafe {
-        let names = pg_sys::SyncRepStandbyNames;
-        pg_sys::max_wal_senders > 0
-            && pg_sys::synchronous_commit
-                > pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_LOCAL_FLUSH as std::ffi::c_int
-            && !names.is_null()
-            && *names != 0
+        if !pg_sys::IsUnderPostmaster || pg_sys::max_wal_senders == 0 {
+            return None;
+        }
+        let level = match pg_sys::synchronous_commit as u32 {
+            pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_WRITE => pg_sys::SYNC_REP_WAIT_WRITE,
+            pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH
+            | pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_APPLY => {
+                pg_sys::SYNC_REP_WAIT_FLUSH
+            }
+            _ => return None,
+        };
+        let ctl = pg_sys::WalSndCtl;
+        if ctl.is_null() {
+            return None;
+        }
+        let status = std::ptr::read_volatile(&(*ctl).sync_standbys_status) as u32;
+        let defined = if status & pg_sys::SYNC_STANDBY_INIT != 0 {
+            status & pg_sys::SYNC_STANDBY_DEFINED != 0
+        } else {
+            // Not yet published by the checkpointer: decide from the setting itself.
+            let names = pg_sys::SyncRepStandbyNames;
+            !names.is_null() && *names != 0
+        };
+        defined.then_some(level as usize)
     }
 }
 
-/// Waits until synchronous standbys (if `synchronous_standby_names` is set and the
-/// session's `synchronous_commit` asks for it) have the lease record, as a commit would.
-/// Returns false if the wait ended without their confirmation (a cancel or a terminate
-/// request): the caller then issues nothing.
-pub fn wait_for_sync_standbys(lsn: u64) -> bool {
-    if lsn == 0 {
-        return true;
-    }
-    // SAFETY: a backend with a PGPROC; returns at once without synchronous standbys.
-    // SyncRepWaitForLSN expects interrupts held off (it handles cancel and die itself).
-    unsafe {
-        pg_sys::InterruptHoldoffCount += 1;
-        pg_sys::SyncRepWaitForLSN(lsn, false);
-        pg_sys::InterruptHoldoffCount -= 1;
-    }
-    pgrx::check_for_interrupts!();
-    confirmed_by_standbys(lsn)
-}
-
-/// Whether the synchronous standbys have confirmed `lsn` at the session's
-/// `synchronous_commit` level (remote_write, on = remote flush, remote_apply).
-fn confirmed_by_standbys(lsn: u64) -> bool {
-    use pg_sys::SyncCommitLevel::*;
+/// Whether the synchronous standbys have confirmed `lsn` at `level`.
+pub fn confirmed(lsn: u64, level: usize) -> bool {
     // SAFETY: WalSndCtl lives in shared memory for the server's lifetime; an aligned 64-bit
     // read is atomic, and a stale value only makes this answer false.
     unsafe {
-        let mode = match pg_sys::synchronous_commit as u32 {
-            SYNCHRONOUS_COMMIT_REMOTE_WRITE => 0,
-            SYNCHRONOUS_COMMIT_REMOTE_APPLY => 2,
-            _ => 1,
-        };
         let ctl = pg_sys::WalSndCtl;
-        ctl.is_null() || std::ptr::read_volatile(&(*ctl).lsn[mode]) >= lsn
+        ctl.is_null() || std::ptr::read_volatile(&(*ctl).lsn[level]) >= lsn
     }
+}
+
+/// Waits until the synchronous standbys (if this session asks for them) have confirmed the
+/// lease record ending at `lsn`. Returns the level that was confirmed (`None`: no standby
+/// needed to confirm it).
+///
+/// Our own wait loop rather than `SyncRepWaitForLSN`: a cancel, `statement_timeout` or
+/// `pg_terminate_backend` then ends the statement exactly as anywhere else in PostgreSQL
+/// (no ID is issued), and clearing `synchronous_standby_names` ends the wait at once. The
+/// loop polls every millisecond, which costs nothing next to the standby's round trip; the
+/// wait shows in `pg_stat_activity` as wait event `Extension`.
+pub fn wait_for_confirmation(lsn: u64) -> Option<usize> {
+    if lsn == 0 {
+        return None;
+    }
+    // A standby can confirm only what was flushed here; the writer may not have flushed it.
+    // SAFETY: not in recovery (generation checks it); XLogFlush returns at once if done.
+    unsafe { pg_sys::XLogFlush(lsn) };
+    loop {
+        let level = sync_wait_level()?;
+        if confirmed(lsn, level) {
+            return Some(level);
+        }
+        crate::waits::sleep_ms(1);
+    }
+}
+
+/// `Some(lead)` of the primary's clock over this server's, from what this standby's WAL
+/// receiver last saw (the send time of the primary's last message minus its receipt time)
+/// and from the lease record itself (its write time minus now). Both are lower bounds of the
+/// real lead: short by the message's transit and by the replay lag, respectively.
+fn observed_peer_clock(record: &LeaseRecord, now_unix_ms: i64) -> PeerClock {
+    let from_record = (record.written_unix_ms > 0).then(|| record.written_unix_ms - now_unix_ms);
+    let lead_ms = from_record
+        .into_iter()
+        .chain(receiver_lead_ms())
+        .max()
+        .unwrap_or(0);
+    PeerClock {
+        lead_ms,
+        observed_unix_ms: now_unix_ms,
+        reach_cap_ms: record.reach_cap_ms,
+    }
+}
+
+/// The WAL receiver's view of the primary's clock lead (ms), if it has received anything
+/// since this server's shared memory was set up.
+fn receiver_lead_ms() -> Option<i64> {
+    // SAFETY: WalRcv lives in shared memory; the two timestamps are aligned 64-bit values
+    // written by the WAL receiver (a torn pair only makes one estimate slightly off).
+    unsafe {
+        let rcv = pg_sys::WalRcv;
+        if rcv.is_null() {
+            return None;
+        }
+        let sent = std::ptr::read_volatile(&(*rcv).lastMsgSendTime);
+        let received = std::ptr::read_volatile(&(*rcv).lastMsgReceiptTime);
+        (sent != 0 && received != 0).then(|| (sent - received).div_euclid(1_000))
+    }
+}
+
+/// What this server, just promoted, still has in shared memory about the old primary's
+/// clock (lost if it restarted since), for `durable::plan_resume`.
+pub fn live_peer_clock(reach_cap_ms: i64) -> Option<PeerClock> {
+    let lead_ms = receiver_lead_ms()?;
+    // SAFETY: as in receiver_lead_ms.
+    let received_us = unsafe { std::ptr::read_volatile(&(*pg_sys::WalRcv).lastMsgReceiptTime) };
+    Some(PeerClock {
+        lead_ms,
+        observed_unix_ms: (received_us + PG_EPOCH_UNIX_US).div_euclid(1_000),
+        reach_cap_ms,
+    })
+}
+
+/// Whether WAL replay runs because this server is a standby (not crash recovery, where the
+/// records are the server's own).
+fn in_standby_mode() -> bool {
+    // SAFETY: a plain read of the startup process's global.
+    unsafe { pg_sys::StandbyMode }
 }
 
 /// # Safety
@@ -143,15 +231,17 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
         ),
     };
     let dir = crate::api::data_dir();
-    // A damaged file is replaced by what the WAL says; the WAL is the newer truth here.
-    let existing = durable::read(&dir).ok().flatten();
-    if let Some(state) = StateFile::merged(existing.as_ref(), &lease) {
+    // Only a missing file means "no lease yet". A file that cannot be read may hold a lease
+    // beyond this record's: replacing it could move the lease back, so recovery stops.
+    let existing = match durable::read(&dir) {
+        Ok(state) => state,
+        Err(e) => crate::errors::state_file_in_replay(&e).raise("snowflake_redo"),
+    };
+    let peer = in_standby_mode().then(|| observed_peer_clock(&lease, crate::api::now_unix_ms()));
+    if let Some(state) = StateFile::merged(existing.as_ref(), &lease, peer) {
         if let Err(e) = durable::write(&dir, &state) {
             // Recovery must not continue without the lease on disk.
-            pgrx::error!(
-                "snowflake: could not write \"{}\" during WAL replay: {e}",
-                durable::STATE_FILE
-            );
+            crate::errors::state_file(&e, true).raise("snowflake_redo");
         }
     }
 }
@@ -162,9 +252,12 @@ unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::X
     let (_, data) = unsafe { record_payload(record) };
     let text = match LeaseRecord::decode(data) {
         Some(r) => format!(
-            "lease end {} ({}); epoch {}",
+            "lease end {} ({}); written {}; timeline {}; reach cap {} ms; epoch {}",
             r.lease_end_unix_ms,
             format_unix_ms(r.lease_end_unix_ms),
+            r.written_unix_ms,
+            r.timeline,
+            r.reach_cap_ms,
             r.layout.epoch_ms
         ),
         None => format!("unreadable ({} bytes)", data.len()),

@@ -1,9 +1,12 @@
 """Real PostgreSQL clusters for the integration tests.
 
 Runs as root (like CI); every server runs as the ``postgres`` OS user, because initdb and
-pg_ctl refuse root. Each cluster lives in /var/tmp/snowflake-it/<name> with its socket there.
+pg_ctl refuse root. Each cluster lives in <BASE>/<name> with its Unix socket there and no TCP
+listener, so two runs on one machine never share a port or a path: BASE is per process
+(SNOWFLAKE_IT_BASE overrides it).
 """
 
+import glob
 import os
 import shutil
 import subprocess
@@ -13,8 +16,16 @@ import psycopg
 
 PG_MAJOR = os.environ.get("PG_MAJOR", "15")
 PG_BIN = os.environ.get("PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin")
-BASE = "/var/tmp/snowflake-it"
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+BASE = os.environ.get("SNOWFLAKE_IT_BASE", f"/var/tmp/snowflake-it-{os.getpid()}")
+
+
+def _faketime_lib():
+    """libfaketime's preload library for this machine's architecture (Debian's multiarch path)."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    return found[0] if found else "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+FAKETIME_LIB = _faketime_lib()
 
 _next_port = [55500]
 
@@ -101,6 +112,8 @@ class Cluster:
             "FAKETIME_TIMESTAMP_FILE": self.faketime_file,
             "FAKETIME_NO_CACHE": "1",
             "FAKETIME_DONT_RESET": "1",
+            # A real clock step (NTP, an operator) moves CLOCK_REALTIME only.
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         }
 
     def set_clock_offset(self, offset):
@@ -129,6 +142,52 @@ class Cluster:
     def destroy(self):
         self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            os.rmdir(BASE)  # the last cluster of a run removes the run's directory
+        except OSError:
+            pass
+
+    def reload(self, **settings):
+        """Changes settings (see configure) and reloads the running server."""
+        self.configure(**settings)
+        self.sql("SELECT pg_reload_conf()")
+        time.sleep(0.3)
+
+    def running(self):
+        r = as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "status", check=False, capture=True)
+        return r.returncode == 0
+
+    def promote(self):
+        as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "-w", "-t", "60", "promote", capture=True)
+
+    def walreceiver_pid(self, timeout=30):
+        """Pid of a standby's WAL receiver, once it streams."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid = self.one("SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+            if pid:
+                return pid
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name}: no streaming WAL receiver")
+
+    def wait_replayed(self, primary, timeout=30):
+        """Waits until this standby has replayed everything `primary` has flushed."""
+        lsn = primary.one("SELECT pg_current_wal_flush_lsn()::text")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name} did not replay up to {lsn}")
+
+    def wait_sync_standby(self, timeout=30):
+        """Waits until a primary reports a synchronous standby."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.one("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name}: no synchronous standby")
 
     # -- access -------------------------------------------------------------------------
     def connect(self, dbname="postgres", autocommit=True, retries=50):

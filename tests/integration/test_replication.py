@@ -1,0 +1,384 @@
+"""Durability under real replication (issue 9): every synchronous mode, sessions that cannot
+weaken the guarantee, renewals that cannot spin, lease records that reach the WAL, replay
+that never moves the lease back, restarts and warnings, long batches, and an asynchronous
+failover after the unclean loss of a primary whose WAL the standby stopped receiving.
+
+Each test reproduces the fault for real: a WAL receiver frozen with SIGSTOP (and killed with
+SIGKILL), a primary stopped with `pg_ctl stop -m immediate`, clocks moved with libfaketime.
+"""
+
+import os
+import signal
+import threading
+import time
+import unittest
+
+import psycopg
+
+from harness import Cluster, error_of
+
+PRELOAD = "'snowflake'"
+
+
+def settings_for(worker, **extra):
+    """Preloading settings with a worker id; autovacuum off so that nothing but the test
+    writes (and flushes) WAL."""
+    s = {
+        "shared_preload_libraries": PRELOAD,
+        "snowflake.worker_id": str(worker),
+        "autovacuum": "off",
+    }
+    s.update({k.replace("__", "."): v for k, v in extra.items()})
+    return s
+
+
+def stats(pg):
+    with pg.connect() as conn:
+        cur = conn.execute("SELECT * FROM snowflake_stats")
+        return dict(zip([c.name for c in cur.description], cur.fetchone()))
+
+
+def start_pair(test, name, worker, sync=False, standby_offset=None, standby_settings=None,
+               **settings):
+    """A primary with the extension and a streaming standby (pg_basebackup -R), destroyed at
+    the end of the test. With `sync`, the standby is synchronous ('*')."""
+    primary = Cluster(f"{name}-primary", settings_for(worker, **settings)).init()
+    standby = Cluster(f"{name}-standby", dict(standby_settings or {}))
+    test.addCleanup(primary.destroy)
+    test.addCleanup(standby.destroy)
+    primary.start()
+    primary.sql("CREATE EXTENSION snowflake")
+    standby.init_standby_of(primary)
+    if standby_offset is not None:
+        standby.use_faketime(standby_offset)
+    standby.start()
+    standby.walreceiver_pid()
+    if sync:
+        primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        primary.sql("SELECT pg_reload_conf()")
+        primary.wait_sync_standby()
+    return primary, standby
+
+
+class Frozen:
+    """A WAL receiver stopped with SIGSTOP for the duration of a `with` block."""
+
+    def __init__(self, standby):
+        self.pid = standby.walreceiver_pid()
+
+    def __enter__(self):
+        os.kill(self.pid, signal.SIGSTOP)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def run_with_watchdog(test, pg, query, limit_s):
+    """Runs `query` on a new connection; if it has not returned after `limit_s`, SIGKILLs its
+    backend (a loop that ignores cancels can be ended no other way) and fails the test."""
+    conn = pg.connect()
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    result = {}
+
+    def work():
+        try:
+            result["rows"] = conn.execute(query).fetchall()
+        except psycopg.Error as e:
+            result["error"] = e
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join(limit_s)
+    if th.is_alive():
+        os.kill(pid, signal.SIGKILL)
+        th.join()
+        test.fail(f"still running after {limit_s} s (backend killed): {query}")
+    conn.close()
+    if "error" in result:
+        raise result["error"]
+    return result["rows"]
+
+
+class SynchronousModes(unittest.TestCase):
+    """Items 1-4: what a session with synchronous replication may and may not receive."""
+
+    def test_remote_apply_renewals_are_not_cancelled(self):
+        # Lease records are not commits: the standby confirms them at flush, never at apply.
+        primary, _ = start_pair(self, "apply", 11, sync=True, snowflake__lease_window="'10ms'")
+        before = stats(primary)["lease_writes"]
+        ids = []
+        with primary.connect() as conn:
+            conn.execute("SET synchronous_commit = remote_apply")
+            for _ in range(200):
+                ids.append(conn.execute("SELECT snowflake_next()").fetchone()[0])
+                time.sleep(0.005)
+        self.assertEqual(ids, sorted(set(ids)))
+        self.assertGreater(stats(primary)["lease_writes"] - before, 20)
+
+    def test_a_session_without_sync_cannot_weaken_the_others(self):
+        primary, standby = start_pair(self, "weaken", 12, sync=True,
+                                      snowflake__lease_window="'200ms'")
+        first = primary.one("SELECT snowflake_next()")
+        with Frozen(standby):
+            time.sleep(0.3)  # the confirmed lease has run out
+            primary.reload(snowflake__lease_window="'10s'")
+            with primary.connect() as off:
+                off.execute("SET synchronous_commit = off")
+                # Writes a 10 s lease that the frozen standby never confirms.
+                unconfirmed = off.execute("SELECT snowflake_next()").fetchone()[0]
+            self.assertGreater(unconfirmed, first)
+            with primary.connect() as on:
+                on.execute("SET statement_timeout = '1500ms'")
+                started = time.monotonic()
+                e = error_of(on, "SELECT snowflake_next()")
+                self.assertGreaterEqual(time.monotonic() - started, 1.4)
+                self.assertEqual(e.sqlstate, "57014")
+                self.assertNotIn("panicked", str(e.diag.message_detail or ""))
+        # Confirmed now that the standby receives again.
+        with primary.connect() as on:
+            on.execute("SET statement_timeout = '30s'")
+            self.assertGreater(on.execute("SELECT snowflake_next()").fetchone()[0], unconfirmed)
+
+    def test_clearing_synchronous_standby_names_unblocks_at_once(self):
+        primary, standby = start_pair(self, "unblock", 13, sync=True,
+                                      snowflake__lease_window="'200ms'")
+        first = primary.one("SELECT snowflake_next()")
+        standby.stop("immediate")
+        time.sleep(0.3)
+        result = {}
+
+        def call():
+            with primary.connect() as conn:
+                conn.execute("SET statement_timeout = '30s'")
+                try:
+                    result["id"] = conn.execute("SELECT snowflake_next()").fetchone()[0]
+                except psycopg.Error as e:
+                    result["error"] = e
+                result["at"] = time.monotonic()
+
+        th = threading.Thread(target=call)
+        th.start()
+        time.sleep(1.5)
+        self.assertTrue(th.is_alive(), "the lease did not wait for the synchronous standby")
+        cleared = time.monotonic()
+        primary.sql("ALTER SYSTEM SET synchronous_standby_names = ''")
+        primary.sql("SELECT pg_reload_conf()")
+        th.join(40)
+        self.assertNotIn("error", result)
+        self.assertGreater(result["id"], first)
+        self.assertLess(result["at"] - cleared, 5)
+        # And every later call works without a standby.
+        with primary.connect() as conn:
+            conn.execute("SET statement_timeout = '5s'")
+            ids = [conn.execute("SELECT snowflake_next()").fetchone()[0] for _ in range(3)]
+            time.sleep(0.3)
+            ids.append(conn.execute("SELECT snowflake_next()").fetchone()[0])
+        self.assertEqual(ids, sorted(set(ids)))
+
+    def test_one_millisecond_window_with_a_synchronous_standby_completes(self):
+        # Every renewal (fsync, WAL flush, the standby's round trip) takes longer than the
+        # window: each one is stale on arrival unless renewal makes progress anyway.
+        primary, _ = start_pair(self, "tiny", 14, sync=True, snowflake__lease_window="'1ms'")
+        rows = run_with_watchdog(self, primary, """
+            SELECT count(*), count(DISTINCT x) FROM (
+                SELECT snowflake_next() x FROM generate_series(1, 20000)) s""", 90)
+        self.assertEqual(rows[0], (20000, 20000))
+
+
+class AsynchronousPath(unittest.TestCase):
+    """Items 4-5 without synchronous replication."""
+
+    def test_one_millisecond_window_without_a_standby_completes(self):
+        pg = Cluster("tiny-local", settings_for(20, snowflake__lease_window="'1ms'")).init()
+        self.addCleanup(pg.destroy)
+        pg.start()
+        pg.sql("CREATE EXTENSION snowflake")
+        rows = run_with_watchdog(self, pg, """
+            SELECT count(*), count(DISTINCT x) FROM (
+                SELECT snowflake_next() x FROM generate_series(1, 20000)) s""", 90)
+        self.assertEqual(rows[0], (20000, 20000))
+
+    def test_lease_record_reaches_the_standby_without_a_commit(self):
+        # A transaction without an xid asks the WAL writer to flush at commit; one that stays
+        # open (or aborts) never does. The lease record must not wait for it.
+        primary, standby = start_pair(self, "flush", 15, snowflake__lease_window="'300ms'")
+        primary.one("SELECT snowflake_next()")
+        standby.wait_replayed(primary)
+        time.sleep(0.5)  # past the lease
+        with primary.connect(autocommit=False) as conn:
+            conn.execute("SELECT snowflake_next()")  # renews the lease, then stays open
+            lease_end = conn.execute("SELECT lease_end FROM snowflake_stats").fetchone()[0]
+            deadline = time.monotonic() + 3
+            seen = None
+            while time.monotonic() < deadline:
+                seen = standby.one("SELECT lease_end FROM snowflake_stats")
+                if seen is not None and seen >= lease_end:
+                    break
+                time.sleep(0.05)
+            conn.rollback()
+        self.assertIsNotNone(seen)
+        self.assertGreaterEqual(seen, lease_end, "the lease record did not reach the standby in 3 s")
+
+
+class Replay(unittest.TestCase):
+    """Item 6: a state file that cannot be read stops recovery instead of being replaced."""
+
+    def test_unreadable_state_file_stops_replay(self):
+        primary, standby = start_pair(self, "redo", 16, snowflake__lease_window="'200ms'")
+        primary.one("SELECT snowflake_next()")
+        standby.wait_replayed(primary)
+        path = os.path.join(standby.data, "snowflake.state")
+        with open(path, "w") as f:
+            f.write("{damaged")
+        time.sleep(0.3)
+        primary.one("SELECT snowflake_next()")  # a new lease record
+        primary.sql("CREATE TABLE flush_me ()")  # a commit flushes it to the standby
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and standby.running():
+            time.sleep(0.2)
+        with open(path) as f:
+            self.assertEqual(f.read(), "{damaged", "replay replaced a file it could not read")
+        self.assertFalse(standby.running(), "recovery went on without the lease")
+        self.assertIn('could not read file "snowflake.state"', standby.log())
+
+
+class Restarts(unittest.TestCase):
+    """Items 7-8 on one server."""
+
+    def test_fast_restart_waits_out_the_lease_instead_of_failing(self):
+        pg = Cluster("fast-restart", settings_for(17, snowflake__lease_window="'3s'",
+                                                  snowflake__max_clock_drift="'1s'")).init()
+        self.addCleanup(pg.destroy)
+        pg.start()
+        pg.sql("CREATE EXTENSION snowflake")
+        highest = pg.one("SELECT max(x) FROM (SELECT snowflake_next() x FROM generate_series(1, 1000)) s")
+        pg.stop("immediate")
+        pg.start()
+        with pg.connect() as conn:
+            conn.execute("SET statement_timeout = '10s'")
+            first = conn.execute("SELECT snowflake_next()").fetchone()[0]
+        self.assertGreater(first, highest)
+        self.assertNotIn("moved backwards by 0 ms", pg.log())
+
+    def test_warnings_continue_after_a_step_back(self):
+        pg = Cluster("warn-step", settings_for(21, snowflake__warning_interval="'1s'",
+                                               snowflake__max_clock_drift="'120s'")).init()
+        self.addCleanup(pg.destroy)
+        pg.use_faketime("+0")
+        pg.start()
+        pg.sql("CREATE EXTENSION snowflake")
+        pg.one("SELECT snowflake_next()")
+        for offset in ("-30", "-60"):
+            pg.set_clock_offset(offset)
+            time.sleep(0.1)
+            pg.one("SELECT snowflake_next()")
+            time.sleep(1.5)  # longer than warning_interval (of real time)
+        self.assertEqual(pg.log().count("WARNING:  snowflake: system clock moved backwards"), 2)
+
+
+class LongBatches(unittest.TestCase):
+    """Item 9: a batch of a million IDs does not keep the generator to itself."""
+
+    def test_other_sessions_get_ids_while_a_batch_runs(self):
+        pg = Cluster("batch-lock", settings_for(18)).init()
+        self.addCleanup(pg.destroy)
+        pg.start()
+        pg.sql("CREATE EXTENSION snowflake")
+        stop = threading.Event()
+        singles = []
+
+        def single():
+            with pg.connect() as conn:
+                while not stop.is_set():
+                    singles.append(conn.execute("SELECT snowflake_next()").fetchone()[0])
+
+        th = threading.Thread(target=single)
+        th.start()
+        batches = []
+        try:
+            with pg.connect() as conn:
+                for _ in range(6):
+                    batches.append(conn.execute("""
+                        SELECT a[1], a[1000000],
+                               (SELECT bool_and(x > p) FROM (
+                                    SELECT x, lag(x) OVER (ORDER BY o) p
+                                      FROM unnest(a) WITH ORDINALITY u(x, o)) q)
+                          FROM (SELECT snowflake_next_batch(1000000) a) s""").fetchone())
+        finally:
+            stop.set()
+            th.join()
+        for lo, hi, increasing in batches:
+            self.assertTrue(increasing)
+        inside = sum(1 for x in singles for lo, hi, _ in batches if lo < x < hi)
+        self.assertGreater(inside, 0, "no other session got an ID while a batch ran")
+        ids = singles + [b[0] for b in batches] + [b[1] for b in batches]
+        self.assertEqual(len(ids), len(set(ids)))
+
+
+class AsynchronousFailover(unittest.TestCase):
+    """The new guarantee: an asynchronous standby whose clock is 5 s behind stops receiving
+    WAL (its WAL receiver is frozen, then killed); the primary goes on issuing IDs to a client
+    for 3 s more, then dies without a clean shutdown; the standby is promoted. No ID it issues
+    may be at or below any ID the old primary returned."""
+
+    def test_promoted_standby_covers_leases_it_never_received(self):
+        primary, standby = start_pair(
+            self, "failover", 19, standby_offset="-5",
+            snowflake__lease_window="'1s'", snowflake__max_clock_drift="'1s'",
+            snowflake__clock_behind_action="'error'", snowflake__max_clock_wait="'30s'")
+        primary.sql("CREATE TABLE t (id bigint PRIMARY KEY DEFAULT snowflake_next(), n int)")
+        returned = []
+        stop = threading.Event()
+
+        def client():
+            with primary.connect() as conn:
+                while not stop.is_set():
+                    try:
+                        returned.append(conn.execute(
+                            "SELECT max(x) FROM unnest(snowflake_next_batch(500)) x").fetchone()[0])
+                        conn.execute("INSERT INTO t (n) SELECT g FROM generate_series(1, 50) g")
+                    except psycopg.Error:
+                        return  # the primary died
+                    time.sleep(0.01)
+
+        th = threading.Thread(target=client)
+        th.start()
+        time.sleep(2.5)  # streaming: the standby sees the primary's clock
+        walreceiver = standby.walreceiver_pid()
+        os.kill(walreceiver, signal.SIGSTOP)
+        time.sleep(3.0)  # three more lease windows the standby never receives
+        primary.stop("immediate")
+        stop.set()
+        th.join()
+        highest = max(returned)
+        # The frozen receiver never reads what is left in its socket: kill it (the standby
+        # restarts its processes and shared memory, and stays in recovery).
+        os.kill(walreceiver, signal.SIGKILL)
+        time.sleep(1.0)
+        standby.one("SELECT 1")
+        standby.promote()
+        self.assertFalse(standby.one("SELECT pg_is_in_recovery()"))
+
+        # clock_behind_action = error: the promoted node refuses while its clock is behind.
+        with standby.connect() as conn:
+            e = error_of(conn, "SELECT snowflake_next()")
+            self.assertEqual(e.sqlstate, "58000", e.diag.message_primary)
+        # wait: it waits until its clock allows it, then issues above everything returned.
+        standby.reload(snowflake__clock_behind_action="'wait'")
+        with standby.connect() as conn:
+            conn.execute("SET statement_timeout = '40s'")
+            first = conn.execute("SELECT snowflake_next()").fetchone()[0]
+            self.assertGreater(first, highest)
+            conn.execute("INSERT INTO t (n) SELECT g FROM generate_series(1, 5000) g")
+            low = conn.execute("SELECT min(id) FROM t WHERE id > %s", (first,)).fetchone()[0]
+            self.assertGreater(low, highest)
+            total, distinct = conn.execute("SELECT count(*), count(DISTINCT id) FROM t").fetchone()
+            self.assertEqual(total, distinct)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
