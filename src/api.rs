@@ -99,6 +99,7 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             wal::insertion_timeline(),
             now_unix_ms(),
             live_peer,
+            durable::reach_cap_ms(gucs::lease_window_ms() as i64),
         );
         let lease_end = state
             .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))
@@ -106,7 +107,7 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
         let floor = lease_timestamp(config.epoch, plan.floor_unix_ms);
         let resumed = match plan.kind {
             ResumeKind::Fresh | ResumeKind::Restart => Resumed::Restart,
-            ResumeKind::ClockSetBack { step_back_ms } => Resumed::ClockSetBack { step_back_ms },
+            ResumeKind::ClockBehind { step_back_ms } => Resumed::ClockBehind { step_back_ms },
             ResumeKind::Failover { lead_ms, margin_ms } => {
                 errors::failover_resume(plan.floor_unix_ms, lead_ms, margin_ms).log();
                 Resumed::Failover

@@ -181,13 +181,14 @@ pub enum ResumeKind {
     /// Nothing recorded: a new cluster.
     Fresh,
     /// A restart on the timeline of the newest lease, with the clock at or after the time
-    /// that lease was written: the resume point is at most one lease ahead, so waiting for it
-    /// is expected.
+    /// that lease was written and at most one lease reach behind its end: waiting for it is
+    /// expected.
     Restart,
-    /// A restart with the clock earlier than the newest lease was written: the clock was set
-    /// back by `step_back_ms` while the server was down.
-    ClockSetBack {
-        /// How far the clock is behind the time the newest lease was written (ms).
+    /// A restart with the clock further behind the resume point than one lease reaches: the
+    /// clock was set back while the server was down (`step_back_ms` > 0: it is earlier than
+    /// when the newest lease was written), or IDs were borrowed ahead of the clock.
+    ClockBehind {
+        /// How far the clock is behind the time the newest lease was written (ms; 0: not).
         step_back_ms: u64,
     },
     /// The newest lease was written on another timeline: this node was promoted (or
@@ -219,8 +220,9 @@ pub fn failover_margin_ms(since_observation_ms: i64) -> i64 {
 }
 
 /// Where to resume, from the recorded state, the timeline the server now writes on, its
-/// clock, and the freshest observation of the old primary's clock that shared memory still
-/// holds (the WAL receiver's last message; lost at a restart).
+/// clock, the freshest observation of the old primary's clock that shared memory still
+/// holds (the WAL receiver's last message; lost at a restart), and the reach cap of the
+/// current settings (for files of 0.2, which do not record theirs).
 ///
 /// On a failover the floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
 /// which died before this promotion, read at most `now + lead` on its clock, and never wrote
@@ -231,6 +233,7 @@ pub fn plan_resume(
     timeline: u32,
     now_unix_ms: i64,
     live_peer: Option<PeerClock>,
+    configured_reach_cap_ms: i64,
 ) -> ResumePlan {
     let Some(state) = state else {
         return ResumePlan {
@@ -261,9 +264,14 @@ pub fn plan_resume(
             kind: ResumeKind::Failover { lead_ms, margin_ms },
         };
     }
-    let kind = if now_unix_ms < state.written_unix_ms {
-        ResumeKind::ClockSetBack {
-            step_back_ms: (state.written_unix_ms - now_unix_ms) as u64,
+    let reach = if state.reach_cap_ms > 0 {
+        state.reach_cap_ms
+    } else {
+        configured_reach_cap_ms
+    };
+    let kind = if now_unix_ms < state.written_unix_ms || lease - now_unix_ms > reach {
+        ResumeKind::ClockBehind {
+            step_back_ms: (state.written_unix_ms - now_unix_ms).max(0) as u64,
         }
     } else {
         ResumeKind::Restart
@@ -595,9 +603,12 @@ mod tests {
 
     #[test]
     fn resume_after_a_restart_or_with_the_clock_set_back() {
-        assert_eq!(plan_resume(None, 1, 123, None).kind, ResumeKind::Fresh);
+        assert_eq!(
+            plan_resume(None, 1, 123, None, 2_000).kind,
+            ResumeKind::Fresh
+        );
         let state = StateFile::own(&record(50_000)); // written at 49_000, timeline 1
-        let plan = plan_resume(Some(&state), 1, 49_500, None);
+        let plan = plan_resume(Some(&state), 1, 49_500, None, 2_000);
         assert_eq!(
             plan,
             ResumePlan {
@@ -605,23 +616,35 @@ mod tests {
                 kind: ResumeKind::Restart
             }
         );
-        let plan = plan_resume(Some(&state), 1, 19_000, None);
+        let plan = plan_resume(Some(&state), 1, 19_000, None, 2_000);
         assert_eq!(plan.floor_unix_ms, 50_000);
+        let set_back = ResumeKind::ClockBehind {
+            step_back_ms: 30_000,
+        };
+        assert_eq!(plan.kind, set_back);
+        // Written while the clock was behind (IDs borrowed ahead of it): more than one reach
+        // behind the lease end is not a plain restart, though the clock did not step.
+        let borrowed = StateFile {
+            written_unix_ms: 10_000,
+            ..state.clone()
+        };
+        let no_step = ResumeKind::ClockBehind { step_back_ms: 0 };
         assert_eq!(
-            plan.kind,
-            ResumeKind::ClockSetBack {
-                step_back_ms: 30_000
-            }
+            plan_resume(Some(&borrowed), 1, 20_000, None, 2_000).kind,
+            no_step
         );
-        // Files of 0.2 know neither time nor timeline: a restart.
+        // Files of 0.2 know neither time nor timeline nor reach: the configured reach decides.
         let old = StateFile {
             written_unix_ms: 0,
             timeline: 0,
+            reach_cap_ms: 0,
             ..state.clone()
         };
+        let restart = plan_resume(Some(&old), 2, 49_000, None, 2_000);
+        assert_eq!(restart.kind, ResumeKind::Restart);
         assert_eq!(
-            plan_resume(Some(&old), 2, 1, None).kind,
-            ResumeKind::Restart
+            plan_resume(Some(&old), 2, 40_000, None, 2_000).kind,
+            no_step
         );
     }
 
@@ -631,7 +654,7 @@ mod tests {
         // 3 s after its last observation of the primary.
         let state = StateFile::merged(None, &record(50_000), Some(peer(5_000, 44_000))).unwrap();
         let now = 47_000;
-        let plan = plan_resume(Some(&state), 2, now, None);
+        let plan = plan_resume(Some(&state), 2, now, None, 2_000);
         let margin = failover_margin_ms(3_000);
         assert_eq!(margin, 101);
         assert_eq!(plan.floor_unix_ms, now + 5_000 + 2_000 + margin);
@@ -644,7 +667,7 @@ mod tests {
         );
         // A fresher observation still in shared memory counts too.
         let live = peer(6_000, 46_900);
-        let plan = plan_resume(Some(&state), 2, now, Some(live));
+        let plan = plan_resume(Some(&state), 2, now, Some(live), 2_000);
         assert_eq!(
             plan.floor_unix_ms,
             now + 6_000 + 2_000 + failover_margin_ms(100)
@@ -652,16 +675,19 @@ mod tests {
         // A primary whose clock was behind: this node's own clock still counts.
         let behind = StateFile::merged(None, &record(50_000), Some(peer(-9_000, 44_000))).unwrap();
         assert_eq!(
-            plan_resume(Some(&behind), 2, now, None).floor_unix_ms,
+            plan_resume(Some(&behind), 2, now, None, 2_000).floor_unix_ms,
             now + 2_000 + margin
         );
         // Never below a lease the standby did receive.
         let far = StateFile::merged(None, &record(90_000), Some(peer(0, 44_000))).unwrap();
-        assert_eq!(plan_resume(Some(&far), 2, now, None).floor_unix_ms, 90_000);
+        assert_eq!(
+            plan_resume(Some(&far), 2, now, None, 2_000).floor_unix_ms,
+            90_000
+        );
         // Nothing observed (a restore to a new timeline): the clocks are assumed equal.
         let own = StateFile::own(&record(50_000));
         assert_eq!(
-            plan_resume(Some(&own), 2, 60_000, None).floor_unix_ms,
+            plan_resume(Some(&own), 2, 60_000, None, 2_000).floor_unix_ms,
             60_000 + 2_000 + 100
         );
     }
@@ -690,7 +716,7 @@ mod tests {
             // A lease the primary wrote (on its own clock) before the promotion.
             let written = now - written_before_promotion + lead;
             let lease_end = written + (reach_cap as f64 * reach_frac) as i64;
-            let plan = plan_resume(Some(&seen), 2, now, None);
+            let plan = plan_resume(Some(&seen), 2, now, None, 2_000);
             proptest::prop_assert!(plan.floor_unix_ms >= lease_end);
         }
     }

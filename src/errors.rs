@@ -182,7 +182,11 @@ pub fn generate(err: GenerateError, epoch: Epoch) -> SnowflakeError {
             max_drift_ms,
         } => SnowflakeError::new(
             PgSqlErrorCode::ERRCODE_SYSTEM_ERROR,
-            format!("system clock moved backwards by {step_back_ms} ms"),
+            if step_back_ms > 0 {
+                format!("system clock moved backwards by {step_back_ms} ms")
+            } else {
+                format!("system clock is {ahead_ms} ms behind the IDs already issued")
+            },
             format!(
                 "The next ID would be {ahead_ms} ms ahead of the clock; at most {max_drift_ms} ms is allowed. No ID was issued."
             ),

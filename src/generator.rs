@@ -64,9 +64,10 @@ pub enum Resumed {
     /// fault: callers wait for it, whatever the clock policy.
     #[default]
     Restart,
-    /// The clock is earlier than when the last lease was written: it was set back while the
-    /// server was down. The clock policy applies, and the error reports the real step.
-    ClockSetBack {
+    /// The clock is further behind the resume point than one lease reaches: it was set back
+    /// while the server was down, or IDs had been borrowed ahead of it. The clock policy
+    /// applies, and the error reports the real step (0 if the clock did not step).
+    ClockBehind {
         /// How far the clock is behind the time the last lease was written (ms).
         step_back_ms: u64,
     },
@@ -255,13 +256,11 @@ impl Generator {
                     ahead_ms,
                     max_drift_ms,
                 }),
-                (false, Resumed::ClockSetBack { step_back_ms }) => {
-                    Err(GenerateError::ClockBehind {
-                        step_back_ms,
-                        ahead_ms,
-                        max_drift_ms,
-                    })
-                }
+                (false, Resumed::ClockBehind { step_back_ms }) => Err(GenerateError::ClockBehind {
+                    step_back_ms,
+                    ahead_ms,
+                    max_drift_ms,
+                }),
                 (true, _) => Err(GenerateError::ClockBehind {
                     step_back_ms,
                     ahead_ms,
@@ -502,7 +501,7 @@ mod tests {
         let mut g = Generator::resume(
             10_000,
             10_000,
-            Resumed::ClockSetBack {
+            Resumed::ClockBehind {
                 step_back_ms: 30_000,
             },
         );

@@ -33,11 +33,23 @@ mod tests;
 pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a plain global read, set by the postmaster while it loads preload libraries.
     let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    quiet_rust_backtraces();
     gucs::init(preloading);
     if preloading {
         shmem::init();
         wal::register(gucs::rmgr_id());
         warn_about_settings();
+    }
+}
+
+/// PostgreSQL errors raised inside our Rust frames (a cancel during a wait, for instance)
+/// pass through pgrx's panic hook, which puts a Rust backtrace into the error's DETAIL when
+/// the server's environment has `RUST_BACKTRACE` set. Users must see exactly PostgreSQL's own
+/// messages, so library backtraces are off unless `RUST_LIB_BACKTRACE` asks for them. Set
+/// while the postmaster (or this backend) is still single-threaded; backends inherit it.
+fn quiet_rust_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
 }
 

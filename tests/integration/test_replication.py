@@ -319,6 +319,51 @@ class LongBatches(unittest.TestCase):
         self.assertEqual(len(ids), len(set(ids)))
 
 
+class BaseBackup(unittest.TestCase):
+    """A standby made by pg_basebackup while leases are renewed every 20 ms, then promoted
+    after the primary is lost: nothing the primary returned comes again."""
+
+    def test_backup_taken_while_leases_renew(self):
+        primary = Cluster("bb-primary", settings_for(22, snowflake__lease_window="'20ms'")).init()
+        standby = Cluster("bb-standby", {})
+        self.addCleanup(primary.destroy)
+        self.addCleanup(standby.destroy)
+        primary.start()
+        primary.sql("CREATE EXTENSION snowflake")
+        returned = []
+        stop = threading.Event()
+
+        def client():
+            with primary.connect() as conn:
+                while not stop.is_set():
+                    returned.append(conn.execute(
+                        "SELECT max(x) FROM unnest(snowflake_next_batch(200)) x").fetchone()[0])
+                    time.sleep(0.002)
+
+        th = threading.Thread(target=client)
+        th.start()
+        try:
+            time.sleep(0.5)
+            writes_before = stats(primary)["lease_writes"]
+            standby.init_standby_of(primary)  # the copy runs while leases renew
+            writes_during = stats(primary)["lease_writes"] - writes_before
+            standby.start()
+            standby.walreceiver_pid()
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            th.join()
+        self.assertGreater(writes_during, 5, "no lease was renewed during the base backup")
+        standby.wait_replayed(primary)
+        highest = max(returned)
+        primary.stop("immediate")
+        standby.promote()
+        with standby.connect() as conn:
+            conn.execute("SET statement_timeout = '30s'")
+            first = conn.execute("SELECT snowflake_next()").fetchone()[0]
+            self.assertGreater(first, highest)
+
+
 class AsynchronousFailover(unittest.TestCase):
     """The new guarantee: an asynchronous standby whose clock is 5 s behind stops receiving
     WAL (its WAL receiver is frozen, then killed); the primary goes on issuing IDs to a client
