@@ -282,12 +282,15 @@ fn attempt(
         Err(_) => Pending::Fail(None),
     };
     let events = shared.generator.events();
-    let warning = if (events.steps_back != shared.warned.steps_back
-        || events.exhaustions != shared.warned.exhaustions)
-        && shared
-            .warnings
-            .allow(waits::monotonic_ms(), gucs::warning_interval_ms() as u64)
-    {
+    let new_event = events.steps_back != shared.noticed.steps_back
+        || events.exhaustions != shared.noticed.exhaustions;
+    let mut report = false;
+    if new_event {
+        shared.noticed = events;
+        let interval = gucs::warning_interval_ms() as u64;
+        report = shared.warnings.allow(waits::monotonic_ms(), interval);
+    }
+    let warning = if report {
         let since = shared.warned;
         shared.warned = events;
         let ahead_ms = shared

@@ -25,6 +25,9 @@ pub struct SharedGenerator {
     pub confirmed_lsn: u64,
     /// Event counters as of the last WARNING, to report what happened since.
     pub warned: Events,
+    /// Event counters as of the last look at the rate limiter: it is consulted once per new
+    /// event, not once per call (its clock read is the hot path's most expensive step).
+    pub noticed: Events,
     /// Rate limit of the WARNINGs (monotonic clock).
     pub warnings: RateLimiter,
 }
