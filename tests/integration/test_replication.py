@@ -15,7 +15,7 @@ import unittest
 
 import psycopg
 
-from harness import Cluster, error_of
+from harness import PG_BIN, Cluster, as_postgres, error_of
 
 PRELOAD = "'snowflake'"
 
@@ -362,6 +362,48 @@ class BaseBackup(unittest.TestCase):
             conn.execute("SET statement_timeout = '30s'")
             first = conn.execute("SELECT snowflake_next()").fetchone()[0]
             self.assertGreater(first, highest)
+
+
+class Rewind(unittest.TestCase):
+    """pg_rewind of an old primary that went on issuing IDs after its standby was promoted
+    (split brain), made a standby of the new primary, and promoted in turn later. pg_rewind
+    replaces its state file with the new primary's, whose clock is 10 s behind: the IDs it
+    issues after its own promotion must still be above every ID it issued on the timeline it
+    left, and above the new primary's."""
+
+    def test_rewound_primary_promoted_later(self):
+        old, new = start_pair(self, "rewind", 23, standby_offset="-10",
+                              wal_log_hints="on", wal_keep_size="'256MB'",
+                              snowflake__max_clock_drift="'60s'")
+        old_ids = [old.one("SELECT max(x) FROM unnest(snowflake_next_batch(1000)) x")]
+        new.wait_replayed(old)
+        new.promote()
+        for _ in range(20):  # split brain: both issue
+            old_ids.append(old.one("SELECT max(x) FROM unnest(snowflake_next_batch(1000)) x"))
+            time.sleep(0.05)
+        new_ids = [new.one("SELECT max(x) FROM unnest(snowflake_next_batch(1000)) x")]
+        old.stop()
+        r = as_postgres(f"{PG_BIN}/pg_rewind", f"--target-pgdata={old.data}",
+                        f"--source-server=host={new.dir} port={new.port} user=postgres dbname=postgres",
+                        check=False, capture=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # pg_rewind copied the new primary's configuration files: make the old one a standby
+        # of the new one, on its own port and socket.
+        old.write_settings()
+        with open(os.path.join(old.data, "postgresql.auto.conf"), "w") as f:
+            f.write(f"primary_conninfo = 'host={new.dir} port={new.port} user=postgres'\n")
+        open(os.path.join(old.data, "standby.signal"), "w").close()
+        old.start()
+        old.walreceiver_pid()
+        new_ids.append(new.one("SELECT max(x) FROM unnest(snowflake_next_batch(1000)) x"))
+        old.wait_replayed(new)
+        new.stop()
+        old.promote()
+        with old.connect() as conn:
+            conn.execute("SET statement_timeout = '30s'")
+            first = conn.execute("SELECT snowflake_next()").fetchone()[0]
+        self.assertGreater(first, max(old_ids))
+        self.assertGreater(first, max(new_ids))
 
 
 class AsynchronousFailover(unittest.TestCase):
