@@ -146,11 +146,12 @@ fn lease_timestamp(epoch: Epoch, lease_end_unix_ms: i64) -> u64 {
 /// synchronous standbys waits for them to confirm the record before the lease is used,
 /// whoever wrote it.
 fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
-    let window = i64::from(gucs::lease_window_ms() as u32);
-    let (lease_end, lsn, started) = {
+    let window = gucs::lease_window_ms() as i64;
+    let (lease_end, lsn, wrote_at) = {
         let mut durable_state = shmem::DURABLE.exclusive();
-        let started = waits::monotonic_ms();
+        let mut wrote_at = None;
         if durable_state.lease_end <= timestamp {
+            wrote_at = Some(waits::monotonic_ms());
             let now = now_unix_ms();
             let wall = config.epoch.timestamp_of(now).unwrap_or(0);
             let last_renewal = shmem::COUNTERS
@@ -177,13 +178,15 @@ fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
             durable_state.lease_end = new_end;
             durable_state.lease_writes += 1;
         }
-        (durable_state.lease_end, durable_state.lease_lsn, started)
+        (durable_state.lease_end, durable_state.lease_lsn, wrote_at)
     };
     let level = wal::wait_for_confirmation(lsn);
-    shmem::COUNTERS.get().last_renewal_ms.store(
-        waits::monotonic_ms().saturating_sub(started),
-        Ordering::Relaxed,
-    );
+    if let Some(started) = wrote_at {
+        // From the clock reading the lease was computed from to the moment it can be used.
+        let took = waits::monotonic_ms().saturating_sub(started);
+        let counters = shmem::COUNTERS.get();
+        counters.last_renewal_ms.store(took, Ordering::Relaxed);
+    }
     let mut shared = shmem::GENERATOR.exclusive();
     shared.generator.extend_lease(lease_end);
     shared.lease_lsn = shared.lease_lsn.max(lsn);
