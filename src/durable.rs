@@ -673,7 +673,7 @@ mod tests {
             now + 6_000 + 2_000 + failover_margin_ms(100)
         );
         // A primary whose clock was behind: this node's own clock still counts.
-        let behind = StateFile::merged(None, &record(50_000), Some(peer(-9_000, 44_000))).unwrap();
+        let behind = StateFile::merged(None, &record(45_000), Some(peer(-9_000, 44_000))).unwrap();
         assert_eq!(
             plan_resume(Some(&behind), 2, now, None, 2_000).floor_unix_ms,
             now + 2_000 + margin
