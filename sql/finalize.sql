@@ -153,3 +153,24 @@ END
 $collisions$;
 COMMENT ON FUNCTION @extschema@.snowflake_worker_collisions(regclass, name, name) IS
     'Datacenter/worker id pairs that arrive from more than one origin (a fleet misconfiguration)';
+
+-- Which cluster issued this database's IDs, and with which epoch. The state file in the data
+-- directory stays behind when pg_upgrade or a dump and restore moves the database; this table
+-- (an extension configuration table) moves with it. A server that finds a row of another
+-- cluster here places its IDs past every lease that cluster could have written before it
+-- issues any, and a server with another snowflake.epoch refuses to generate or decode.
+CREATE TABLE @extschema@.snowflake_origin (
+    system_identifier bigint NOT NULL,
+    epoch_unix_ms     bigint NOT NULL,
+    recorded_at       timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+INSERT INTO @extschema@.snowflake_origin (system_identifier, epoch_unix_ms)
+SELECT s.system_identifier,
+       pg_catalog.round(EXTRACT(epoch FROM @extschema@.snowflake_to_timestamp(0))
+                        OPERATOR(pg_catalog.*) 1000)::bigint
+  FROM pg_catalog.pg_control_system() s;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.snowflake_origin', '');
+REVOKE ALL ON @extschema@.snowflake_origin FROM PUBLIC;
+GRANT SELECT ON @extschema@.snowflake_origin TO PUBLIC;
+COMMENT ON TABLE @extschema@.snowflake_origin IS
+    'Which cluster issued this database''s snowflake IDs, and with which epoch (carried by pg_upgrade and pg_dump)';

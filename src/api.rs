@@ -13,12 +13,15 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 use pgrx::prelude::*;
 use pgrx::{composite_type, AllocatedByRust, PgTupleDesc};
 
-use crate::durable::{self, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile};
+use crate::durable::{
+    self, AdoptedOrigin, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
+};
 use crate::errors::{self, SnowflakeError};
 use crate::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
 use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next, Resumed};
 use crate::gucs;
 use crate::layout::{self, Epoch, Parts};
+use crate::origin;
 use crate::settings::{check_epoch_at, format_rfc3339, Config};
 use crate::shmem;
 use crate::waits;
@@ -76,6 +79,7 @@ fn first_generation_config(function: &'static str) -> errors::Result<Config> {
         return Err(errors::in_recovery(function));
     }
     ensure_loaded(&config)?;
+    adopt_origins(&config)?;
     READY.set(Some(config));
     Ok(config)
 }
@@ -99,7 +103,7 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             wal::insertion_timeline(),
             now_unix_ms(),
             live_peer,
-            durable::reach_cap_ms(gucs::lease_window_ms() as i64),
+            configured_reach_cap_ms(),
         );
         let lease_end = state
             .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))
@@ -163,20 +167,7 @@ fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
                 .max(wall)
                 .saturating_add(reach)
                 .max(durable_state.lease_end);
-            let record = LeaseRecord {
-                lease_end_unix_ms: config.epoch.to_unix_ms(new_end),
-                layout: LayoutRecord::current(config.epoch),
-                written_unix_ms: now,
-                timeline: wal::insertion_timeline(),
-                reach_cap_ms: durable::reach_cap_ms(window),
-            };
-            // File before WAL: a base backup taken after a record's checkpoint then
-            // always copies a file at least as new as every record it will not replay.
-            durable::write(&data_dir(), &StateFile::own(&record))
-                .map_err(|e| errors::state_file(&e, true))?;
-            durable_state.lease_lsn = wal::log_lease(&record);
-            durable_state.lease_end = new_end;
-            durable_state.lease_writes += 1;
+            write_lease(&mut durable_state, config, new_end, now)?;
         }
         (durable_state.lease_end, durable_state.lease_lsn, wrote_at)
     };
@@ -191,6 +182,93 @@ fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
     shared.generator.extend_lease(lease_end);
     shared.lease_lsn = shared.lease_lsn.max(lsn);
     note_confirmed(&mut shared, lsn, level);
+    Ok(())
+}
+
+/// Makes a lease ending at `new_end` (ms since the epoch) durable, computed at `now`: the
+/// state file first (fsync), then the WAL record. Called under the DURABLE lock.
+fn write_lease(
+    durable_state: &mut shmem::SharedDurable,
+    config: &Config,
+    new_end: u64,
+    now: i64,
+) -> errors::Result<()> {
+    let record = LeaseRecord {
+        lease_end_unix_ms: config.epoch.to_unix_ms(new_end),
+        layout: LayoutRecord::current(config.epoch),
+        written_unix_ms: now,
+        timeline: wal::insertion_timeline(),
+        reach_cap_ms: configured_reach_cap_ms(),
+    };
+    // File before WAL: a base backup taken after a record's checkpoint then always copies a
+    // file at least as new as every record it will not replay.
+    durable::write(&data_dir(), &StateFile::own(&record))
+        .map_err(|e| errors::state_file(&e, true))?;
+    durable_state.lease_lsn = wal::log_lease(&record);
+    durable_state.lease_end = new_end;
+    durable_state.lease_writes += 1;
+    Ok(())
+}
+
+/// The furthest past its clock this server may place a lease with the current settings.
+fn configured_reach_cap_ms() -> i64 {
+    durable::reach_cap_ms(
+        gucs::lease_window_ms() as i64,
+        gucs::clock_policy().max_drift_ms as i64,
+    )
+}
+
+/// Once per backend, before its first ID: checks this database's `snowflake_origin` rows
+/// against the configured epoch, and takes over the IDs of every other cluster they name
+/// (the database came through pg_upgrade, or a dump restored here) that this server has
+/// not taken over yet. That cluster's lease stayed in its data directory; the resume point
+/// moves past the furthest it could have reached ([`durable::adoption_floor_ms`]), durably
+/// (state file, WAL) before the origin is recorded as taken over.
+fn adopt_origins(config: &Config) -> errors::Result<()> {
+    let rows = origin::rows()?;
+    origin::epoch_agrees(&rows, config.epoch)?;
+    let own = origin::own_system_identifier();
+    let mut foreign: Vec<u64> = rows
+        .iter()
+        .map(|r| r.system_identifier)
+        .filter(|s| *s != own)
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    foreign.sort_unstable();
+    foreign.dedup();
+    let dir = data_dir();
+    let (floor, lsn) = {
+        let mut durable_state = shmem::DURABLE.exclusive();
+        let mut origins =
+            durable::read_origins(&dir).map_err(|e| errors::origins_file(&e, false))?;
+        foreign.retain(|s| !origins.covers(*s));
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        let now = now_unix_ms();
+        let reach = configured_reach_cap_ms();
+        let floor_unix_ms = durable::adoption_floor_ms(now, reach);
+        let floor = lease_timestamp(config.epoch, floor_unix_ms);
+        if durable_state.lease_end < floor {
+            write_lease(&mut durable_state, config, floor, now)?;
+        }
+        for system_identifier in foreign {
+            origins = origins.with(AdoptedOrigin {
+                system_identifier,
+                adopted_unix_ms: now,
+                floor_unix_ms,
+            });
+            errors::adopted_origin(system_identifier, floor_unix_ms, reach).log();
+        }
+        durable::write_origins(&dir, &origins).map_err(|e| errors::origins_file(&e, true))?;
+        (floor, durable_state.lease_lsn)
+    };
+    let mut shared = shmem::GENERATOR.exclusive();
+    shared.generator.extend_lease(floor);
+    shared.generator.raise_floor(floor);
+    shared.lease_lsn = shared.lease_lsn.max(lsn);
     Ok(())
 }
 
@@ -228,6 +306,7 @@ fn decode_epoch() -> errors::Result<Epoch> {
         return Ok(epoch);
     }
     recorded_state(epoch)?;
+    origin::check_epoch(epoch)?;
     DECODE_EPOCH.set(Some(epoch));
     Ok(epoch)
 }

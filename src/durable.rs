@@ -170,9 +170,10 @@ pub fn max_widening_ms(window_ms: i64) -> i64 {
     window_ms.max(100)
 }
 
-/// The furthest a lease written with this window can reach past the writer's clock.
-pub fn reach_cap_ms(window_ms: i64) -> i64 {
-    window_ms + max_widening_ms(window_ms)
+/// The furthest a lease written with this window can reach past the writer's clock: IDs
+/// borrowed up to `max_drift_ms` ahead of it, then the window and its largest widening.
+pub fn reach_cap_ms(window_ms: i64, max_drift_ms: i64) -> i64 {
+    max_drift_ms + window_ms + max_widening_ms(window_ms)
 }
 
 /// Why IDs resume where [`plan_resume`] says.
@@ -392,17 +393,94 @@ pub fn read(data_dir: &Path) -> io::Result<Option<StateFile>> {
 
 /// Writes the state file atomically and durably.
 pub fn write(data_dir: &Path, state: &StateFile) -> io::Result<()> {
-    let path = state_path(data_dir);
-    let tmp = data_dir.join(format!("{STATE_FILE}.tmp"));
-    let mut body = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
+    write_json(data_dir, STATE_FILE, state)
+}
+
+/// Writes `value` as JSON to `data_dir/name`: a temporary file, fsync, rename, fsync of the
+/// directory. A crash leaves the old file or the new one, never a torn one.
+fn write_json<T: Serialize>(data_dir: &Path, name: &str, value: &T) -> io::Result<()> {
+    let tmp = data_dir.join(format!("{name}.tmp"));
+    let mut body = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     body.push(b'\n');
     {
         let mut f = File::create(&tmp)?;
         f.write_all(&body)?;
         f.sync_all()?;
     }
-    fs::rename(&tmp, &path)?;
+    fs::rename(&tmp, data_dir.join(name))?;
     File::open(data_dir)?.sync_all()
+}
+
+/// File name, relative to the data directory, of the clusters whose IDs this one took over.
+pub const ORIGINS_FILE: &str = "snowflake.origins";
+
+/// The clusters whose IDs this server has taken over: a database that another cluster's
+/// generator served arrived here through pg_upgrade or a dump and restore, and this server
+/// placed its IDs past every lease that cluster could have written ([`adoption_floor_ms`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origins {
+    /// File format version.
+    pub format: u32,
+    /// One entry per cluster taken over.
+    pub adopted: Vec<AdoptedOrigin>,
+}
+
+/// One cluster whose IDs this server took over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptedOrigin {
+    /// Its `pg_control_system().system_identifier`.
+    pub system_identifier: u64,
+    /// This server's clock when it took over (Unix ms).
+    pub adopted_unix_ms: i64,
+    /// The resume point it placed (Unix ms).
+    pub floor_unix_ms: i64,
+}
+
+impl Origins {
+    /// Whether IDs of the cluster `system_identifier` are already covered here.
+    pub fn covers(&self, system_identifier: u64) -> bool {
+        self.adopted
+            .iter()
+            .any(|o| o.system_identifier == system_identifier)
+    }
+
+    /// These origins and `adopted`.
+    pub fn with(&self, adopted: AdoptedOrigin) -> Origins {
+        let mut next = self.clone();
+        next.format = FORMAT_VERSION;
+        next.adopted.push(adopted);
+        next
+    }
+}
+
+/// Reads the origins file; empty when it does not exist.
+pub fn read_origins(data_dir: &Path) -> io::Result<Origins> {
+    let path = data_dir.join(ORIGINS_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Origins::default()),
+        Err(e) => return Err(e),
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("\"{}\" is not a valid origins file: {e}", path.display()),
+        )
+    })
+}
+
+/// Writes the origins file atomically and durably.
+pub fn write_origins(data_dir: &Path, origins: &Origins) -> io::Result<()> {
+    write_json(data_dir, ORIGINS_FILE, origins)
+}
+
+/// Where IDs resume when this server takes over a database whose IDs another cluster
+/// issued, and whose lease (in that cluster's data directory) it cannot see: past
+/// `reach_cap_ms` (this server's, covering IDs borrowed ahead of the clock) from now. The
+/// other cluster's clock read at most `now` when it stopped: pg_upgrade runs on the same
+/// machine after the old server stopped; a restore elsewhere relies on synchronised clocks.
+pub fn adoption_floor_ms(now_unix_ms: i64, reach_cap_ms: i64) -> i64 {
+    now_unix_ms.saturating_add(reach_cap_ms)
 }
 
 /// What the recorded layout says about the configured one.
@@ -452,6 +530,51 @@ mod tests {
         write(&dir, &state).unwrap();
         assert_eq!(read(&dir).unwrap(), Some(state));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn origins_start_empty_and_accumulate() {
+        let dir = temp_dir("origins");
+        let none = read_origins(&dir).unwrap();
+        assert!(!none.covers(7));
+        let first = AdoptedOrigin {
+            system_identifier: u64::MAX - 1,
+            adopted_unix_ms: 1_700_000_000_000,
+            floor_unix_ms: 1_700_000_003_000,
+        };
+        let one = none.with(first);
+        write_origins(&dir, &one).unwrap();
+        let read_back = read_origins(&dir).unwrap();
+        assert_eq!(read_back, one);
+        // System identifiers use all 64 bits; JSON keeps them exact.
+        assert!(read_back.covers(u64::MAX - 1));
+        assert!(!read_back.covers(7));
+        let two = read_back.with(AdoptedOrigin {
+            system_identifier: 7,
+            ..first
+        });
+        write_origins(&dir, &two).unwrap();
+        assert!(read_origins(&dir).unwrap().covers(7));
+        assert!(read_origins(&dir).unwrap().covers(u64::MAX - 1));
+        fs::write(dir.join(ORIGINS_FILE), b"[").unwrap();
+        assert_eq!(
+            read_origins(&dir).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn adoption_floor_covers_ids_borrowed_by_the_old_cluster() {
+        // The old cluster stopped at or before `now` on the same clock; its leases reached
+        // at most its reach cap past its clock, borrowing included.
+        let now = 1_700_000_000_000;
+        let cap = reach_cap_ms(1_000, 20_000);
+        for stopped_at in [now - 60_000, now - 1, now] {
+            let furthest_old_lease = stopped_at + cap;
+            assert!(adoption_floor_ms(now, cap) >= furthest_old_lease);
+        }
+        assert_eq!(adoption_floor_ms(i64::MAX, cap), i64::MAX);
     }
 
     #[test]
@@ -565,10 +688,15 @@ mod tests {
         assert_eq!(lease_reach_ms(1_000, 5_000), 2_000);
         assert_eq!(lease_reach_ms(1, 4), 9);
         assert_eq!(lease_reach_ms(1, 1_000), 101);
-        assert_eq!(reach_cap_ms(1), 101);
-        assert_eq!(reach_cap_ms(1_000), 2_000);
+        assert_eq!(reach_cap_ms(1, 0), 101);
+        assert_eq!(reach_cap_ms(1_000, 0), 2_000);
+        assert_eq!(reach_cap_ms(1_000, 1_000), 3_000);
         for (w, r) in [(1, 0), (1, 50), (10, 7), (1_000, 999), (3_600_000, 1)] {
-            assert!(lease_reach_ms(w, r) <= reach_cap_ms(w));
+            assert!(lease_reach_ms(w, r) <= reach_cap_ms(w, 0));
+            // A lease past IDs borrowed up to the drift bound stays within the cap.
+            for drift in [0, 1_000, 27_000] {
+                assert!(drift + lease_reach_ms(w, r) <= reach_cap_ms(w, drift));
+            }
             assert!(lease_reach_ms(w, r) >= w);
         }
     }

@@ -362,6 +362,69 @@ pub fn failover_resume(floor_unix_ms: i64, lead_ms: i64, margin_ms: i64) -> Snow
     )
 }
 
+/// This database's IDs were generated with another epoch than the configured one (its
+/// `snowflake_origin` table says so; the state file may be gone, after pg_upgrade).
+pub fn origin_epoch_mismatch(recorded_ms: i64, configured_ms: i64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{} does not match the epoch recorded in this database", settings::EPOCH),
+        format!(
+            "Table snowflake_origin records that IDs in this database were generated with epoch {}, but {} is now {}. Decoding them with another epoch would give wrong times, and new IDs could repeat old ones.",
+            ms(recorded_ms),
+            settings::EPOCH,
+            ms(configured_ms)
+        ),
+        format!(
+            "Set {} = '{}' in postgresql.conf and restart the server.",
+            settings::EPOCH,
+            format_unix_ms(recorded_ms)
+        ),
+    )
+}
+
+/// Table `snowflake_origin` exists but cannot be read as the extension created it.
+pub fn origin_table_unreadable(reason: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+        "could not read table snowflake_origin",
+        format!("{reason}. The table records which cluster issued this database's IDs and with which epoch; no ID was issued."),
+        "The table was altered: restore its definition (see the README, \"Upgrades and restores\"), or recreate the extension.",
+    )
+}
+
+/// The origins file could not be read or written.
+pub fn origins_file(err: &io::Error, writing: bool) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!(
+            "could not {} file \"{}\": {err}",
+            if writing { "write" } else { "read" },
+            durable::ORIGINS_FILE
+        ),
+        "The file in the data directory lists the clusters whose IDs this server took over. No ID was issued.",
+        if err.kind() == io::ErrorKind::InvalidData {
+            "Remove the file: the server then takes those clusters' IDs over again, which only makes it wait once."
+        } else {
+            "Check the permissions and free space of the data directory."
+        },
+    )
+}
+
+/// The LOG line written when this server takes over IDs another cluster issued.
+pub fn adopted_origin(system_identifier: u64, floor_unix_ms: i64, reach_ms: i64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        format!(
+            "snowflake: this database's IDs were issued by the cluster with system identifier {system_identifier}; IDs resume at {}",
+            ms(floor_unix_ms)
+        ),
+        format!(
+            "Table snowflake_origin names another cluster (pg_upgrade, or a dump restored here), whose lease this server cannot see. The resume point is {reach_ms} ms past this server's clock: the furthest that cluster could have issued IDs ahead of its clock with this server's snowflake.max_clock_drift and snowflake.lease_window."
+        ),
+        "snowflake_next() waits for it, once; the file snowflake.origins in the data directory records that it was done.",
+    )
+}
+
 /// A batch or block size out of range.
 pub fn bad_count(what: &str, n: i32, max: i32) -> SnowflakeError {
     SnowflakeError::new(

@@ -175,6 +175,22 @@ impl Generator {
         }
     }
 
+    /// Raises the resume point to `floor` (never lowers it): every later ID has a timestamp at
+    /// or above it. A later ID below the floor is waited for, as after a restart.
+    pub fn raise_floor(&mut self, floor: u64) {
+        let next_free = if self.started {
+            self.last_timestamp + 1
+        } else {
+            self.last_timestamp
+        };
+        if floor > next_free {
+            self.started = false;
+            self.resumed = Resumed::Restart;
+            self.last_timestamp = floor;
+            self.sequence = 0;
+        }
+    }
+
     /// Timestamp of the last ID issued, if any.
     pub fn last_timestamp(&self) -> Option<u64> {
         self.started.then_some(self.last_timestamp)
@@ -323,6 +339,26 @@ mod tests {
         assert_eq!(issue(&mut g, 101, P), (101, 0));
         assert_eq!(g.last_timestamp(), Some(101));
         assert_eq!(g.events().issued, 4);
+    }
+
+    #[test]
+    fn a_raised_floor_is_waited_for_then_issued_from() {
+        let mut g = unleased();
+        assert_eq!(issue(&mut g, 100, P), (100, 0));
+        assert_eq!(issue(&mut g, 100, P), (100, 1));
+        // Far beyond the drift bound: the caller waits, whatever the clock policy.
+        g.raise_floor(5_000);
+        assert_eq!(g.last_timestamp(), None);
+        assert_eq!(g.next(101, STRICT), Ok(Next::WaitUntil { wall_ms: 5_000 }));
+        assert_eq!(issue(&mut g, 5_000, STRICT), (5_000, 0));
+        assert_eq!(issue(&mut g, 5_000, STRICT), (5_000, 1));
+        // A floor at or below what was issued changes nothing.
+        g.raise_floor(5_000);
+        g.raise_floor(10);
+        assert_eq!(issue(&mut g, 5_000, STRICT), (5_000, 2));
+        // A floor the clock has passed: IDs follow the clock.
+        g.raise_floor(6_000);
+        assert_eq!(issue(&mut g, 7_000, STRICT), (7_000, 0));
     }
 
     #[test]

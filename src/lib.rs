@@ -17,6 +17,7 @@ pub mod settings;
 mod api;
 pub mod errors;
 pub mod gucs;
+mod origin;
 pub mod shmem;
 mod waits;
 mod wal;

@@ -44,8 +44,9 @@ def as_postgres(*cmd, env=None, check=True, capture=False):
 class Cluster:
     """One PostgreSQL data directory and the server running on it."""
 
-    def __init__(self, name, settings=None, port=None):
+    def __init__(self, name, settings=None, port=None, bin_dir=None):
         self.name = name
+        self.bin = bin_dir or PG_BIN
         self.dir = os.path.join(BASE, name)
         self.data = os.path.join(self.dir, "data")
         self.port = port or _next_port[0]
@@ -65,7 +66,7 @@ class Cluster:
         """Makes this cluster a streaming standby of `primary` (pg_basebackup -R), with its
         own port and socket directory, and the primary's settings unless it has its own."""
         self._fresh_dir()
-        as_postgres(f"{PG_BIN}/pg_basebackup", "-h", primary.dir, "-p", str(primary.port),
+        as_postgres(f"{self.bin}/pg_basebackup", "-h", primary.dir, "-p", str(primary.port),
                     "-U", "postgres", "-D", self.data, "-R", "-X", "stream", capture=True)
         if not self.settings:
             self.settings = dict(primary.settings)
@@ -74,7 +75,7 @@ class Cluster:
 
     def init(self):
         self._fresh_dir()
-        as_postgres(f"{PG_BIN}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
+        as_postgres(f"{self.bin}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
                     "--no-sync", capture=True)
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
             f.write("\ninclude_if_exists = 'test.conf'\n")
@@ -124,7 +125,7 @@ class Cluster:
 
     def start(self, check=True):
         log = os.path.join(self.dir, "server.log")
-        r = as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "-l", log, "-w", "-t", "60", "start",
+        r = as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-l", log, "-w", "-t", "60", "start",
                         env=self.env or None, check=False, capture=True)
         if check and r.returncode != 0:
             raise RuntimeError(f"{self.name} did not start:\n{r.stdout}{r.stderr}\n{self.log()[-3000:]}")
@@ -132,7 +133,7 @@ class Cluster:
 
     def stop(self, mode="fast"):
         if os.path.exists(os.path.join(self.data, "postmaster.pid")):
-            as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "-m", mode, "-w", "stop",
+            as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-m", mode, "-w", "stop",
                         check=False, capture=True)
 
     def restart(self):
@@ -154,11 +155,11 @@ class Cluster:
         time.sleep(0.3)
 
     def running(self):
-        r = as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "status", check=False, capture=True)
+        r = as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "status", check=False, capture=True)
         return r.returncode == 0
 
     def promote(self):
-        as_postgres(f"{PG_BIN}/pg_ctl", "-D", self.data, "-w", "-t", "60", "promote", capture=True)
+        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-w", "-t", "60", "promote", capture=True)
 
     def walreceiver_pid(self, timeout=30):
         """Pid of a standby's WAL receiver, once it streams."""

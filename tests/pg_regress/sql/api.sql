@@ -34,3 +34,19 @@ SET snowflake.lease_window = '1min';
 -- The prefix is reserved: misspelt settings are refused.
 SET snowflake.workerid = 5;
 \echo SQLSTATE :SQLSTATE
+
+-- Table snowflake_origin: which cluster issued this database's IDs, with which epoch. It is
+-- a configuration table (pg_dump and pg_upgrade carry it), readable by all, written by the
+-- install script only.
+SELECT a.attnum, a.attname, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull
+  FROM pg_attribute a
+ WHERE a.attrelid = 'snowflake_origin'::regclass AND a.attnum > 0
+ ORDER BY a.attnum;
+SELECT count(*) AS rows,
+       bool_and(o.system_identifier = s.system_identifier) AS this_cluster,
+       bool_and(o.epoch_unix_ms = 1288834974657) AS twitter_epoch
+  FROM snowflake_origin o, pg_control_system() s;
+SELECT c.relname, a.privilege_type AS granted_to_public
+  FROM pg_extension e, unnest(e.extconfig) AS cfg(oid) JOIN pg_class c ON c.oid = cfg.oid,
+       aclexplode(c.relacl) a
+ WHERE e.extname = 'snowflake' AND a.grantee = 0;
