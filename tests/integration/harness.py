@@ -73,10 +73,10 @@ class Cluster:
         self.write_settings()
         return self
 
-    def init(self):
+    def init(self, *initdb_args):
         self._fresh_dir()
         as_postgres(f"{self.bin}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
-                    "--no-sync", capture=True)
+                    "--no-sync", *initdb_args, capture=True)
         with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
             f.write("\ninclude_if_exists = 'test.conf'\n")
         self.write_settings()

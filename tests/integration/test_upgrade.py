@@ -129,7 +129,8 @@ class PgUpgrade(unittest.TestCase):
         new = Cluster("upgrade-18", {**SETTINGS, "snowflake.worker_id": "9"})
         self.addCleanup(old.destroy)
         self.addCleanup(new.destroy)
-        old.init().start()
+        # PostgreSQL 18's initdb enables data checksums by default; pg_upgrade needs both alike.
+        old.init("--data-checksums").start()
         highest, stored = prepare_origin(self, old)
         old.stop()
         new.init()
