@@ -366,18 +366,22 @@ class BaseBackup(unittest.TestCase):
 
 class Rewind(unittest.TestCase):
     """pg_rewind of an old primary that went on issuing IDs after its standby was promoted
-    (split brain), made a standby of the new primary, and promoted in turn later. pg_rewind
-    replaces its state file with the new primary's, whose clock is 10 s behind: the IDs it
-    issues after its own promotion must still be above every ID it issued on the timeline it
-    left, and above the new primary's."""
+    (split brain), borrowing 20 s ahead of its clock, made a standby of the new primary, and
+    promoted in turn later. pg_rewind replaces its state file with the new primary's, whose
+    clock is 10 s behind: the IDs it issues after its own promotion must still be above every
+    ID it issued on the timeline it left, and above the new primary's."""
 
     def test_rewound_primary_promoted_later(self):
         old, new = start_pair(self, "rewind", 23, standby_offset="-10",
                               wal_log_hints="on", wal_keep_size="'256MB'",
-                              snowflake__max_clock_drift="'60s'")
+                              snowflake__max_clock_drift="'60s'",
+                              snowflake__clock_behind_action="'wait'",
+                              snowflake__max_clock_wait="'30s'")
         old_ids = [old.one("SELECT max(x) FROM unnest(snowflake_next_batch(1000)) x")]
         new.wait_replayed(old)
         new.promote()
+        # Split brain, and the old primary's ID clock runs 20 s ahead of its wall clock.
+        old_ids.append(old.one("SELECT max(snowflake_next_block(4096)) + 4095 FROM generate_series(1, 20000)"))
         for _ in range(20):  # split brain: both issue
             old_ids.append(old.one("SELECT max(x) FROM unnest(snowflake_next_batch(1000)) x"))
             time.sleep(0.05)
