@@ -103,7 +103,7 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             wal::insertion_timeline(),
             now_unix_ms(),
             live_peer,
-            configured_reach_cap_ms(),
+            durable::reach_cap_ms(gucs::lease_window_ms() as i64, 0),
         );
         let lease_end = state
             .map(|s| lease_timestamp(config.epoch, s.lease_end_unix_ms))

@@ -223,7 +223,8 @@ pub fn failover_margin_ms(since_observation_ms: i64) -> i64 {
 /// Where to resume, from the recorded state, the timeline the server now writes on, its
 /// clock, the freshest observation of the old primary's clock that shared memory still
 /// holds (the WAL receiver's last message; lost at a restart), and the reach cap of the
-/// current settings (for files of 0.2, which do not record theirs).
+/// current settings without borrowing (`reach_cap_ms(lease_window, 0)`), which bounds how
+/// far past the clock a restart may resume before it counts as a clock fault.
 ///
 /// On a failover the floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
 /// which died before this promotion, read at most `now + lead` on its clock, and never wrote
@@ -234,7 +235,7 @@ pub fn plan_resume(
     timeline: u32,
     now_unix_ms: i64,
     live_peer: Option<PeerClock>,
-    configured_reach_cap_ms: i64,
+    restart_reach_ms: i64,
 ) -> ResumePlan {
     let Some(state) = state else {
         return ResumePlan {
@@ -265,12 +266,9 @@ pub fn plan_resume(
             kind: ResumeKind::Failover { lead_ms, margin_ms },
         };
     }
-    let reach = if state.reach_cap_ms > 0 {
-        state.reach_cap_ms
-    } else {
-        configured_reach_cap_ms
-    };
-    let kind = if now_unix_ms < state.written_unix_ms || lease - now_unix_ms > reach {
+    // A restart with a sane clock resumes at most one lease reach past it; IDs borrowed
+    // further ahead (up to max_clock_drift) are a clock fault for the clock policy to judge.
+    let kind = if now_unix_ms < state.written_unix_ms || lease - now_unix_ms > restart_reach_ms {
         ResumeKind::ClockBehind {
             step_back_ms: (state.written_unix_ms - now_unix_ms).max(0) as u64,
         }

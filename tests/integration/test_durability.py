@@ -241,10 +241,14 @@ class StandbyPromotion(unittest.TestCase):
     """A standby whose clock lags the primary's by 20 s is promoted after the primary stops."""
 
     def test_promoted_standby_continues_above_the_old_primary(self):
+        # The failover floor covers IDs the primary may have borrowed up to max_clock_drift
+        # ahead: with 60 s of drift and a clock 20 s behind, the first IDs wait about 22 s.
         settings = {
             "shared_preload_libraries": PRELOAD,
             "snowflake.worker_id": "4",
             "snowflake.max_clock_drift": "'60s'",
+            "snowflake.clock_behind_action": "'wait'",
+            "snowflake.max_clock_wait": "'60s'",
         }
         primary = Cluster("promo-primary", settings).init()
         standby = Cluster("promo-standby", settings)

@@ -222,6 +222,8 @@ class Misconfiguration(unittest.TestCase):
         state = os.path.join(self.pg.data, "snowflake.state")
         if os.path.exists(state):
             os.remove(state)
+        # The database records the epoch too (table snowflake_origin): say it changed.
+        self.pg.sql("UPDATE snowflake_origin SET epoch_unix_ms = 1420070400000")
         self.reconfigure(shared_preload_libraries=PRELOAD, snowflake__worker_id="1",
                          snowflake__epoch=discord)
         first = self.pg.one("SELECT snowflake_next()")
@@ -243,6 +245,7 @@ class Misconfiguration(unittest.TestCase):
         self.pg.stop()
         os.remove(state)
         self.pg.start()
+        self.pg.sql("UPDATE snowflake_origin SET epoch_unix_ms = 1288834974657")
 
 
 class HotStandby(unittest.TestCase):

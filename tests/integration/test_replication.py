@@ -324,7 +324,8 @@ class BaseBackup(unittest.TestCase):
     after the primary is lost: nothing the primary returned comes again."""
 
     def test_backup_taken_while_leases_renew(self):
-        primary = Cluster("bb-primary", settings_for(22, snowflake__lease_window="'20ms'")).init()
+        primary = Cluster("bb-primary", settings_for(22, snowflake__lease_window="'20ms'",
+                                                     snowflake__clock_behind_action="'wait'")).init()
         standby = Cluster("bb-standby", {})
         self.addCleanup(primary.destroy)
         self.addCleanup(standby.destroy)
