@@ -20,6 +20,7 @@
 //! [`plan_resume`] places the resume point past every lease the old primary could have
 //! written and the standby never received.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -365,17 +366,9 @@ pub fn state_path(data_dir: &Path) -> PathBuf {
 /// Reads the state file. `Ok(None)` when it does not exist.
 pub fn read(data_dir: &Path) -> io::Result<Option<StateFile>> {
     let path = state_path(data_dir);
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+    let Some(state) = read_json::<StateFile>(data_dir, STATE_FILE, "state file")? else {
+        return Ok(None);
     };
-    let state: StateFile = serde_json::from_slice(&bytes).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("\"{}\" is not a valid state file: {e}", path.display()),
-        )
-    })?;
     if state.format != FORMAT_VERSION {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -387,6 +380,27 @@ pub fn read(data_dir: &Path) -> io::Result<Option<StateFile>> {
         ));
     }
     Ok(Some(state))
+}
+
+/// Reads `data_dir/name` as JSON (`what` names it in errors). `Ok(None)` when it does not
+/// exist; any other read error, or contents that do not parse, is an error.
+fn read_json<T: DeserializeOwned>(
+    data_dir: &Path,
+    name: &str,
+    what: &str,
+) -> io::Result<Option<T>> {
+    let path = data_dir.join(name);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("\"{}\" is not a valid {what}: {e}", path.display()),
+        )
+    })
 }
 
 /// Writes the state file atomically and durably.
@@ -453,18 +467,7 @@ impl Origins {
 
 /// Reads the origins file; empty when it does not exist.
 pub fn read_origins(data_dir: &Path) -> io::Result<Origins> {
-    let path = data_dir.join(ORIGINS_FILE);
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Origins::default()),
-        Err(e) => return Err(e),
-    };
-    serde_json::from_slice(&bytes).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("\"{}\" is not a valid origins file: {e}", path.display()),
-        )
-    })
+    Ok(read_json(data_dir, ORIGINS_FILE, "origins file")?.unwrap_or_default())
 }
 
 /// Writes the origins file atomically and durably.

@@ -269,16 +269,33 @@ pub fn layout_mismatch(recorded: &LayoutRecord, configured: &LayoutRecord) -> Sn
 
 /// Reading or writing the state file failed.
 pub fn state_file(err: &io::Error, writing: bool) -> SnowflakeError {
+    data_file(
+        durable::STATE_FILE,
+        err,
+        writing,
+        "The file in the data directory records the ID layout of this cluster. No ID was issued.",
+        "Restore the file from a backup of this data directory. Removing it is safe only if no stored ID was generated with a different snowflake.epoch.",
+    )
+}
+
+/// Reading or writing one of the extension's files in the data directory failed; `if_invalid`
+/// is the HINT when the contents are damaged (otherwise: permissions and free space).
+fn data_file(
+    name: &str,
+    err: &io::Error,
+    writing: bool,
+    detail: &str,
+    if_invalid: &str,
+) -> SnowflakeError {
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_IO_ERROR,
         format!(
-            "could not {} file \"{}\": {err}",
-            if writing { "write" } else { "read" },
-            durable::STATE_FILE
+            "could not {} file \"{name}\": {err}",
+            if writing { "write" } else { "read" }
         ),
-        "The file in the data directory records the ID layout of this cluster. No ID was issued.",
+        detail,
         if err.kind() == io::ErrorKind::InvalidData {
-            "Restore the file from a backup of this data directory. Removing it is safe only if no stored ID was generated with a different snowflake.epoch."
+            if_invalid
         } else {
             "Check the permissions and free space of the data directory."
         },
@@ -394,19 +411,12 @@ pub fn origin_table_unreadable(reason: &str) -> SnowflakeError {
 
 /// The origins file could not be read or written.
 pub fn origins_file(err: &io::Error, writing: bool) -> SnowflakeError {
-    SnowflakeError::new(
-        PgSqlErrorCode::ERRCODE_IO_ERROR,
-        format!(
-            "could not {} file \"{}\": {err}",
-            if writing { "write" } else { "read" },
-            durable::ORIGINS_FILE
-        ),
+    data_file(
+        durable::ORIGINS_FILE,
+        err,
+        writing,
         "The file in the data directory lists the clusters whose IDs this server took over. No ID was issued.",
-        if err.kind() == io::ErrorKind::InvalidData {
-            "Remove the file: the server then takes those clusters' IDs over again, which only makes it wait once."
-        } else {
-            "Check the permissions and free space of the data directory."
-        },
+        "Remove the file: the server then takes those clusters' IDs over again, which only makes it wait once.",
     )
 }
 

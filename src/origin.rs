@@ -8,19 +8,13 @@
 //! cannot see (see `api::adopt_origins`), and a server whose `snowflake.epoch` differs from
 //! a row's refuses to generate or decode instead of silently using the wrong epoch.
 //!
-//! Read once per backend through SPI, with every name schema-qualified.
-
-use std::cell::Cell;
+//! Read through SPI, with every name schema-qualified, once per backend: the callers cache
+//! their success (`api::READY`, `api::decode_epoch`).
 
 use pgrx::prelude::*;
 
 use crate::errors::{self, SnowflakeError};
 use crate::layout::Epoch;
-
-thread_local! {
-    /// The epoch every row of this backend's database was checked against, if any.
-    static CHECKED_EPOCH: Cell<Option<Epoch>> = const { Cell::new(None) };
-}
 
 /// One row of `snowflake_origin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,14 +73,10 @@ pub(crate) fn rows() -> Result<Vec<OriginRow>, SnowflakeError> {
     })
 }
 
-/// Refuses if a row records another epoch than `epoch`. Queries once per backend.
+/// Refuses if a row records another epoch than `epoch`. The caller caches a success for
+/// the backend (`api::decode_epoch`).
 pub(crate) fn check_epoch(epoch: Epoch) -> Result<(), SnowflakeError> {
-    if CHECKED_EPOCH.get() == Some(epoch) {
-        return Ok(());
-    }
-    epoch_agrees(&rows()?, epoch)?;
-    CHECKED_EPOCH.set(Some(epoch));
-    Ok(())
+    epoch_agrees(&rows()?, epoch)
 }
 
 /// Refuses if one of `rows` records another epoch than `epoch`.
