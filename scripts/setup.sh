@@ -9,6 +9,7 @@ majors="${PG_MAJORS:-15}"
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-client-15
     libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg
+    redis-server
 )
 missing=()
 for pkg in "${PACKAGES[@]}"; do

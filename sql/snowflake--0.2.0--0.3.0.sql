@@ -1,4 +1,5 @@
--- snowflake 0.2.0 -> 0.3.0: table snowflake_origin (survives pg_upgrade and pg_dump).
+-- snowflake 0.2.0 -> 0.3.0: table snowflake_origin (survives pg_upgrade and pg_dump), and the
+-- worker-id claim in snowflake_stats().
 -- Pin its checksum in sql/released.sha256 when 0.3.0 is released; never edit it after that.
 \echo Use "ALTER EXTENSION snowflake UPDATE TO '0.3.0'" to load this file. \quit
 
@@ -22,3 +23,10 @@ REVOKE ALL ON @extschema@.snowflake_origin FROM PUBLIC;
 GRANT SELECT ON @extschema@.snowflake_origin TO PUBLIC;
 COMMENT ON TABLE @extschema@.snowflake_origin IS
     'Which cluster issued this database''s snowflake IDs, and with which epoch (carried by pg_upgrade and pg_dump)';
+
+-- snowflake_stats(): where the worker id comes from, and the registry claim.
+ALTER TYPE @extschema@.snowflake_stats_row
+    ADD ATTRIBUTE worker_id_source text,
+    ADD ATTRIBUTE registry text,
+    ADD ATTRIBUTE claim_status text,
+    ADD ATTRIBUTE claim_expires_at timestamptz;

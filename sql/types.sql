@@ -10,7 +10,7 @@ COMMENT ON TYPE snowflake_parts IS 'Fields of a snowflake ID, as returned by sno
 
 -- The row returned by snowflake_stats(): the generator's configuration, position and counters.
 CREATE TYPE snowflake_stats_row AS (
-    worker_id            integer,      -- snowflake.worker_id (NULL if unusable)
+    worker_id            integer,      -- snowflake.worker_id, or the claimed one (NULL if none)
     datacenter_id        integer,      -- snowflake.datacenter_id (NULL if unusable)
     epoch                timestamptz,  -- snowflake.epoch
     last_issued          timestamptz,  -- time of the last ID issued since start (NULL: none)
@@ -21,6 +21,10 @@ CREATE TYPE snowflake_stats_row AS (
     clock_steps_back     bigint,       -- times the clock read earlier than before
     largest_step_back_ms bigint,       -- largest step back seen
     lease_writes         bigint,       -- lease extensions written (file + WAL) since start
-    waits                bigint        -- times a caller slept for the clock
+    waits                bigint,       -- times a caller slept for the clock
+    worker_id_source     text,         -- 'configuration', or 'registry' (snowflake.worker_id = auto)
+    registry             text,         -- snowflake.registry without its password (registry only)
+    claim_status         text,         -- starting, held, unreachable, settling, exhausted, fenced, refused
+    claim_expires_at     timestamptz   -- when the registry lets the claim go unless renewed
 );
 COMMENT ON TYPE snowflake_stats_row IS 'Row returned by snowflake_stats()';

@@ -13,6 +13,7 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 use pgrx::prelude::*;
 use pgrx::{composite_type, AllocatedByRust, PgTupleDesc};
 
+use crate::claim::{ClaimStatus, Fence};
 use crate::durable::{
     self, AdoptedOrigin, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
 };
@@ -22,8 +23,8 @@ use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next, Resu
 use crate::gucs;
 use crate::layout::{self, Epoch, Parts};
 use crate::origin;
-use crate::settings::{check_epoch_at, format_rfc3339, Config};
-use crate::shmem;
+use crate::settings::{check_epoch_at, format_rfc3339, redacted, Config, WorkerId};
+use crate::shmem::{self, Node};
 use crate::waits;
 use crate::wal;
 
@@ -118,7 +119,22 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             }
         };
         let mut shared = shmem::GENERATOR.exclusive();
-        shared.generator = Generator::resume(floor, lease_end, resumed);
+        match config.worker_id {
+            WorkerId::Fixed(worker_id) => {
+                shared.generator = Generator::resume(floor, lease_end, resumed);
+                shared.node = Node {
+                    datacenter_id: config.datacenter_id,
+                    worker_id,
+                };
+                shared.fence = Fence::UNLIMITED;
+            }
+            WorkerId::Auto => {
+                // No lease yet: the first ID extends it, which checks the claim's fence.
+                shared.generator = Generator::resume(floor, 0, resumed);
+                let claim_floor = shared.claim_floor;
+                shared.generator.raise_floor(claim_floor);
+            }
+        }
         shared.lease_lsn = 0;
         shared.confirmed_lsn = 0;
         durable_state.lease_end = lease_end;
@@ -179,10 +195,46 @@ fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
         counters.last_renewal_ms.store(took, Ordering::Relaxed);
     }
     let mut shared = shmem::GENERATOR.exclusive();
-    shared.generator.extend_lease(lease_end);
+    let fence = shared.fence;
+    let granted_end = if fence == Fence::UNLIMITED {
+        lease_end
+    } else {
+        if !fence.allows(config.epoch.to_unix_ms(timestamp), waits::monotonic_ms()) {
+            drop(shared);
+            return wait_for_claim(config);
+        }
+        lease_end.min(lease_timestamp(config.epoch, fence.cap_unix_ms))
+    };
+    shared.generator.extend_lease(granted_end);
     shared.lease_lsn = shared.lease_lsn.max(lsn);
     note_confirmed(&mut shared, lsn, level);
     Ok(())
+}
+
+/// Called when the claim's fence does not cover the next ID. While the registry worker is
+/// making its first attempt (just after start or promotion), waits for it, up to one request
+/// time limit; then, or in any other state, raises the error that explains the state.
+/// Returning Ok makes the caller try again.
+fn wait_for_claim(config: &Config) -> errors::Result<()> {
+    let timing = gucs::claim_timing();
+    let started = waits::monotonic_ms();
+    loop {
+        let claim = *shmem::CLAIM.share();
+        if claim.status == ClaimStatus::Held {
+            return Ok(());
+        }
+        let waited = waits::monotonic_ms().saturating_sub(started);
+        if claim.status != ClaimStatus::Starting || waited > timing.heartbeat_ms() * 2 {
+            let registry = gucs::registry().map(|r| redacted(&r)).unwrap_or_default();
+            return Err(errors::claim_unavailable(
+                claim.status,
+                &claim.detail(),
+                &registry,
+                config.datacenter_id,
+            ));
+        }
+        waits::sleep_ms(10);
+    }
 }
 
 /// Makes a lease ending at `new_end` (ms since the epoch) durable, computed at `now`: the
@@ -347,15 +399,16 @@ const MAX_RENEWALS_PER_CALL: u32 = 8;
 fn attempt(
     config: &Config,
     policy: ClockPolicy,
-    take: &mut impl FnMut(&mut Generator, u64) -> Result<Took, GenerateError>,
+    take: &mut impl FnMut(&mut Generator, u64, Node) -> Result<Took, GenerateError>,
 ) -> (Pending, Option<errors::ClockWarning>) {
     let mut shared = shmem::GENERATOR.exclusive();
     if let Some(lsn) = unconfirmed_lease(&mut shared) {
         return (Pending::Confirm(lsn), None);
     }
     let now = now_unix_ms();
+    let node = shared.node;
     let pending = match config.epoch.timestamp_of(now) {
-        Ok(wall) => match take(&mut shared.generator, wall) {
+        Ok(wall) => match take(&mut shared.generator, wall, node) {
             Ok(Took::All) => Pending::Done,
             Ok(Took::Some) => Pending::More,
             Ok(Took::Wait(next)) => Pending::Act(next),
@@ -397,11 +450,11 @@ fn attempt(
 /// the clock or the standbys, or extends the durable lease, as asked; raises the errors.
 fn drive(
     function: &'static str,
-    mut take: impl FnMut(&mut Generator, u64, ClockPolicy, &Config) -> Result<Took, GenerateError>,
-) -> Config {
+    mut take: impl FnMut(&mut Generator, u64, ClockPolicy, Node) -> Result<Took, GenerateError>,
+) {
     let config = generation_config(function).unwrap_or_else(|e| e.raise(function));
     let policy = gucs::clock_policy();
-    let mut take = |g: &mut Generator, wall: u64| take(g, wall, policy, &config);
+    let mut take = |g: &mut Generator, wall: u64, node: Node| take(g, wall, policy, node);
     let mut renewals = 0;
     loop {
         let (pending, warning) = attempt(&config, policy, &mut take);
@@ -409,7 +462,7 @@ fn drive(
             w.report();
         }
         let step = match pending {
-            Pending::Done => return config,
+            Pending::Done => return,
             Pending::More => {
                 renewals = 0;
                 Ok(())
@@ -447,34 +500,35 @@ fn drive(
     }
 }
 
-/// Runs `step` through `drive` until it issues one run, and returns that run.
+/// Runs `step` through `drive` until it issues one run, and returns that run with the
+/// pair it was issued under.
 fn drive_one(
     function: &'static str,
     mut step: impl FnMut(&mut Generator, u64, ClockPolicy) -> Result<Next, GenerateError>,
-) -> (Config, Issued) {
+) -> (Node, Issued) {
     let mut issued = None;
-    let config = drive(function, |g, wall, policy, _| {
+    drive(function, |g, wall, policy, node| {
         match step(g, wall, policy)? {
             Next::Issued(run) => {
-                issued = Some(run);
+                issued = Some((node, run));
                 Ok(Took::All)
             }
             other => Ok(Took::Wait(other)),
         }
     });
     match issued {
-        Some(run) => (config, run),
+        Some(issued) => issued,
         None => SnowflakeError::internal("no ID was issued".into()).raise(function),
     }
 }
 
 /// The ID of an issued run's `offset`-th member.
 #[inline]
-fn id_of(config: &Config, issued: &Issued, offset: u16) -> i64 {
+fn id_of(node: Node, issued: &Issued, offset: u16) -> i64 {
     layout::pack_unchecked(Parts {
         timestamp: issued.timestamp,
-        datacenter_id: config.datacenter_id,
-        worker_id: config.worker_id,
+        datacenter_id: node.datacenter_id,
+        worker_id: node.worker_id,
         sequence: issued.sequence + offset,
     })
 }
@@ -515,8 +569,8 @@ fn wait_for_clock(epoch: Epoch, wall_ms: u64) -> errors::Result<()> {
 /// are as unique as any other (nothing is cached per backend, unlike `nextval()`).
 #[pg_extern(volatile, parallel_safe)]
 fn snowflake_next() -> i64 {
-    let (config, issued) = drive_one("snowflake_next", |g, wall, policy| g.next(wall, policy));
-    id_of(&config, &issued, 0)
+    let (node, issued) = drive_one("snowflake_next", |g, wall, policy| g.next(wall, policy));
+    id_of(node, &issued, 0)
 }
 
 /// Largest `n` for `snowflake_next_batch(n)`.
@@ -535,12 +589,12 @@ fn snowflake_next_batch(n: i32) -> Int8Array {
     let mut ids = Int8Array::with_len(n as usize);
     // IDs are written straight into the result array: a few microseconds per run of 4,096
     // under the lock, and nothing left to build after the last millisecond.
-    drive(NAME, |g, wall, policy, config| {
+    drive(NAME, |g, wall, policy, node| {
         let want = ids.remaining().min(4096) as u16;
         match g.next_run(wall, policy, want, false)? {
             Next::Issued(run) => {
                 for k in 0..run.count {
-                    ids.push(id_of(config, &run, k));
+                    ids.push(id_of(node, &run, k));
                 }
                 Ok(if ids.remaining() > 0 {
                     Took::Some
@@ -634,10 +688,10 @@ fn snowflake_next_block(n: i32) -> i64 {
     if !(1..=max).contains(&n) {
         errors::bad_count("block size", n, max).raise(NAME);
     }
-    let (config, block) = drive_one(NAME, |g, wall, policy| {
+    let (node, block) = drive_one(NAME, |g, wall, policy| {
         g.next_run(wall, policy, n as u16, true)
     });
-    id_of(&config, &block, 0)
+    id_of(node, &block, 0)
 }
 
 fn unix_ms_to_timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
@@ -815,7 +869,19 @@ fn snowflake_stats(
     }
     let config = gucs::config().ok();
     let epoch = config.map(|c| c.epoch).or_else(|| gucs::epoch().ok());
-    let generator = shmem::GENERATOR.share().generator;
+    let (generator, node) = {
+        let shared = shmem::GENERATOR.share();
+        (shared.generator, shared.node)
+    };
+    let claim = *shmem::CLAIM.share();
+    let auto = config.is_some_and(|c| c.worker_id == WorkerId::Auto);
+    let worker_id = match config.map(|c| c.worker_id) {
+        Some(WorkerId::Fixed(w)) => Some(i32::from(w)),
+        Some(WorkerId::Auto) if claim.status == ClaimStatus::Held => {
+            Some(i32::from(node.worker_id))
+        }
+        _ => None,
+    };
     let durable_state = *shmem::DURABLE.share();
     let waits = shmem::COUNTERS.get().waits.load(Ordering::Relaxed);
     let now = now_unix_ms();
@@ -839,7 +905,7 @@ fn snowflake_stats(
     let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
     // Column order of snowflake_stats_row (sql/types.sql).
     let datums = [
-        config.map(|c| i32::from(c.worker_id)).into_datum(),
+        worker_id.into_datum(),
         config.map(|c| i32::from(c.datacenter_id)).into_datum(),
         epoch
             .map(|e| unix_ms_to_timestamptz(e.unix_ms()))
@@ -856,6 +922,17 @@ fn snowflake_stats(
         as_i64(events.largest_step_back_ms).into_datum(),
         as_i64(durable_state.lease_writes).into_datum(),
         as_i64(waits).into_datum(),
+        config
+            .map(|_| if auto { "registry" } else { "configuration" })
+            .into_datum(),
+        gucs::registry()
+            .filter(|_| auto)
+            .map(|r| redacted(&r))
+            .into_datum(),
+        auto.then(|| claim.status.name()).into_datum(),
+        (auto && claim.status == ClaimStatus::Held && claim.expires_unix_ms > 0)
+            .then(|| unix_ms_to_timestamptz(claim.expires_unix_ms))
+            .into_datum(),
     ];
     result_row(fcinfo, NAME, datums)
 }

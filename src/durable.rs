@@ -475,6 +475,29 @@ pub fn write_origins(data_dir: &Path, origins: &Origins) -> io::Result<()> {
     write_json(data_dir, ORIGINS_FILE, origins)
 }
 
+/// File with the worker id this server claimed last from the registry (a preference: it asks
+/// for the same one after a restart, so that decoded IDs stay easy to read).
+pub const CLAIM_FILE: &str = "snowflake.claim";
+
+/// The last claim, as kept in [`CLAIM_FILE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastClaim {
+    /// Datacenter id of the claim.
+    pub datacenter_id: u8,
+    /// The claimed worker id.
+    pub worker_id: u8,
+}
+
+/// Reads the claim file (None: absent).
+pub fn read_last_claim(data_dir: &Path) -> io::Result<Option<LastClaim>> {
+    read_json(data_dir, CLAIM_FILE, "claim file")
+}
+
+/// Writes the claim file atomically and durably.
+pub fn write_last_claim(data_dir: &Path, claim: &LastClaim) -> io::Result<()> {
+    write_json(data_dir, CLAIM_FILE, claim)
+}
+
 /// Where IDs resume when this server takes over a database whose IDs another cluster
 /// issued, and whose lease (in that cluster's data directory) it cannot see: past
 /// `reach_cap_ms` (this server's, covering IDs borrowed ahead of the clock) from now. The

@@ -57,10 +57,14 @@ impl SnowflakeError {
     /// Writes the report to the server log only (LOG level), for events a DBA should find
     /// there but that are not an error for the caller.
     pub fn log(self) {
-        ErrorReport::new(self.code, self.message, "snowflake")
-            .set_detail(self.detail)
-            .set_hint(self.hint)
-            .report(PgLogLevel::LOG);
+        let mut report = ErrorReport::new(self.code, self.message, "snowflake");
+        if !self.detail.is_empty() {
+            report = report.set_detail(self.detail);
+        }
+        if !self.hint.is_empty() {
+            report = report.set_hint(self.hint);
+        }
+        report.report(PgLogLevel::LOG);
     }
 
     /// Raises the error (`ereport(ERROR)`); never returns.
@@ -111,6 +115,22 @@ pub fn setting(err: &SettingError) -> SnowflakeError {
             format!("invalid value for parameter \"{name}\": \"{value}\""),
             format!("{value} is outside the valid range for parameter \"{name}\" ({min} .. {max})."),
             format!("Correct {name} in postgresql.conf and restart the server."),
+        ),
+        SettingError::RegistryMissing => SnowflakeError::new(
+            code,
+            format!("{} is auto, but {} is not set", settings::WORKER_ID, settings::REGISTRY),
+            "With worker_id = 'auto' the worker id is claimed from a registry.",
+            format!(
+                "Set {} to redis://HOST:PORT[/DB] or postgresql://USER@HOST:PORT/DB in postgresql.conf, or set {} to a number, and restart the server.",
+                settings::REGISTRY,
+                settings::WORKER_ID
+            ),
+        ),
+        SettingError::BadRegistry { value } => SnowflakeError::new(
+            code,
+            format!("invalid value for parameter \"{}\": \"{value}\"", settings::REGISTRY),
+            "The registry must be a redis:// URI or a libpq postgresql:// URI.",
+            format!("Correct {} in postgresql.conf and restart the server.", settings::REGISTRY),
         ),
         SettingError::BadEpoch { value, reason } => SnowflakeError::new(
             code,
@@ -509,5 +529,105 @@ impl ClockWarning {
             .set_detail(detail)
             .set_hint(hint)
             .report(PgLogLevel::WARNING);
+    }
+}
+
+/// The registry worker could not set itself up (logged as a WARNING).
+pub fn claim_setup(what: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("snowflake: {what}"),
+        "snowflake.worker_id = 'auto' cannot claim a worker id.",
+        "Check the server log for the cause.",
+    )
+}
+
+/// The LOG line written when the registry grants a claim.
+pub fn claimed(
+    datacenter_id: u8,
+    worker_id: u8,
+    registry: &str,
+    own: bool,
+    floor_unix_ms: Option<i64>,
+) -> SnowflakeError {
+    let how = if own {
+        "The claim was already this server's (renewed after a crash restart or a lapse)."
+            .to_string()
+    } else {
+        match floor_unix_ms {
+            Some(floor) => format!(
+                "The worker id was free; IDs start above its earlier holders' IDs, at {}.",
+                ms(floor)
+            ),
+            None => "The worker id was free, with no earlier holder recorded.".to_string(),
+        }
+    };
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        format!(
+            "snowflake: claimed worker id {worker_id} in datacenter {datacenter_id} from {registry}"
+        ),
+        how,
+        "",
+    )
+}
+
+/// The LOG line written when a claim is fenced.
+pub fn claim_fenced(datacenter_id: u8, worker_id: u8, registry: &str, why: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "snowflake: stopped issuing IDs with worker id {worker_id} in datacenter {datacenter_id}: the claim from {registry} is no longer this server's"
+        ),
+        why.to_string(),
+        "The server claims a worker id again as soon as the registry answers.",
+    )
+}
+
+/// `snowflake.worker_id = 'auto'` and no usable claim: the caller's error (55000).
+pub fn claim_unavailable(
+    status: crate::claim::ClaimStatus,
+    detail: &str,
+    registry: &str,
+    datacenter_id: u8,
+) -> SnowflakeError {
+    use crate::claim::ClaimStatus;
+    let code = PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+    let detail = if detail.is_empty() {
+        "The registry worker has not claimed a worker id yet.".to_string()
+    } else {
+        detail.to_string()
+    };
+    match status {
+        ClaimStatus::Exhausted => SnowflakeError::new(
+            code,
+            format!("no free worker id in datacenter {datacenter_id} of registry {registry}"),
+            detail,
+            "Stop a server that no longer needs its worker id (its claim lapses after snowflake.claim_ttl), or give some servers another snowflake.datacenter_id.",
+        ),
+        ClaimStatus::Settling => SnowflakeError::new(
+            code,
+            format!("registry {registry} is not granting worker ids yet"),
+            detail,
+            "Retry shortly; the server claims its worker id by itself.",
+        ),
+        ClaimStatus::Refused => SnowflakeError::new(
+            code,
+            format!("registry {registry} refused this server a worker id"),
+            detail,
+            "Fix the cause named above (clock synchronization, snowflake.epoch, snowflake.registry) and restart the server if it is a setting.",
+        ),
+        ClaimStatus::Fenced => SnowflakeError::new(
+            code,
+            format!("this server's worker id claim from registry {registry} has lapsed"),
+            detail,
+            "Check that the registry is reachable from this server; IDs resume by themselves once it claims a worker id again.",
+        ),
+        ClaimStatus::Starting | ClaimStatus::Held | ClaimStatus::Unreachable => SnowflakeError::new(
+            code,
+            format!("no worker id claimed from registry {registry}"),
+            detail,
+            "Check that the registry is reachable from this server; IDs are issued by themselves once it claims a worker id.",
+        ),
     }
 }

@@ -191,6 +191,17 @@ impl Generator {
         }
     }
 
+    /// Withdraws the lease: nothing more is issued until [`Generator::extend_lease`] grants
+    /// a new one (used when the worker-id claim is fenced).
+    pub fn revoke_lease(&mut self) {
+        self.lease_end = 0;
+    }
+
+    /// The ID clock: at or above every timestamp issued, and at the floor before the first.
+    pub fn position(&self) -> u64 {
+        self.last_timestamp
+    }
+
     /// Timestamp of the last ID issued, if any.
     pub fn last_timestamp(&self) -> Option<u64> {
         self.started.then_some(self.last_timestamp)

@@ -45,6 +45,9 @@ static WARNING_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 
 static WORKER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static DATACENTER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0"));
+static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static CLAIM_TTL: GucSetting<i32> =
+    GucSetting::<i32>::new(crate::claim::DEFAULT_CLAIM_TTL_MS as i32);
 static EPOCH: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"2010-11-04 01:42:54.657+00"));
 
@@ -67,8 +70,8 @@ pub fn init(preloading: bool) {
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"snowflake.worker_id",
-            c"Worker id (0-31) stored in bits 12-16 of every ID this server generates.",
-            c"Required: snowflake_next() refuses to run until it is set. Give every server that generates IDs its own worker/datacenter pair.",
+            c"Worker id (0-31) stored in bits 12-16 of every ID this server generates, or auto.",
+            c"Required: snowflake_next() refuses to run until it is set. Give every server that generates IDs its own worker/datacenter pair, or set auto to claim one from snowflake.registry.",
             &WORKER_ID,
             context(),
             GucFlags::default(),
@@ -97,6 +100,27 @@ pub fn init(preloading: bool) {
             None,
             Some(invalidate_caches),
             None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake.registry",
+            c"Registry that hands out worker ids when snowflake.worker_id = auto: redis://HOST:PORT[/DB] or postgresql://USER@HOST:PORT/DB.",
+            c"Only superusers can read it (it may hold a password).",
+            &REGISTRY,
+            context(),
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            Some(invalidate_caches),
+            None,
+        );
+        GucRegistry::define_int_guc(
+            c"snowflake.claim_ttl",
+            c"How long the registry keeps a worker id claim after its last renewal.",
+            c"The claim is renewed every fifth of this; a server that cannot renew stops issuing IDs half of it after its last renewal.",
+            &CLAIM_TTL,
+            crate::claim::MIN_CLAIM_TTL_MS as i32,
+            crate::claim::MAX_CLAIM_TTL_MS as i32,
+            context(),
+            GucFlags::UNIT_MS,
         );
         define_policy_gucs(preloading);
         reserve_prefix();
@@ -232,10 +256,23 @@ pub fn config() -> Result<Config, SettingError> {
                     raw(&WORKER_ID).as_deref(),
                     raw(&DATACENTER_ID).as_deref(),
                     raw(&EPOCH).as_deref(),
+                    raw(&REGISTRY).as_deref(),
                 )
             })
             .clone()
     })
+}
+
+/// `snowflake.registry` as configured (None: unset or empty).
+pub fn registry() -> Option<String> {
+    raw(&REGISTRY)
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// The claim timing from `snowflake.claim_ttl`.
+pub fn claim_timing() -> crate::claim::ClaimTiming {
+    crate::claim::ClaimTiming::new(CLAIM_TTL.get() as u64)
 }
 
 /// The validated epoch alone, for the decode functions (which need no worker id).

@@ -15,9 +15,12 @@ pub mod ratelimit;
 pub mod settings;
 
 mod api;
+pub mod claim;
 pub mod errors;
+mod fleet;
 pub mod gucs;
 mod origin;
+mod registry;
 pub mod shmem;
 mod waits;
 mod wal;
@@ -40,6 +43,9 @@ pub extern "C-unwind" fn _PG_init() {
         shmem::init();
         wal::register(gucs::rmgr_id());
         warn_about_settings();
+        if let Ok(config) = gucs::config() {
+            fleet::register(&config);
+        }
     }
 }
 

@@ -12,18 +12,31 @@ pub const WORKER_ID: &str = "snowflake.worker_id";
 pub const DATACENTER_ID: &str = "snowflake.datacenter_id";
 /// Name of the epoch setting.
 pub const EPOCH: &str = "snowflake.epoch";
+/// Name of the registry setting.
+pub const REGISTRY: &str = "snowflake.registry";
+/// The value of `snowflake.worker_id` that claims a worker id from the registry.
+pub const AUTO: &str = "auto";
 /// The default epoch as it is written in `postgresql.conf`.
 pub const DEFAULT_EPOCH_TEXT: &str = "2010-11-04 01:42:54.657+00";
 
 /// A configuration that passed validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// `snowflake.worker_id`.
-    pub worker_id: u8,
+    /// `snowflake.worker_id`: a number, or `auto` (claimed from `snowflake.registry`).
+    pub worker_id: WorkerId,
     /// `snowflake.datacenter_id`.
     pub datacenter_id: u8,
     /// `snowflake.epoch`.
     pub epoch: Epoch,
+}
+
+/// Where the worker id comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerId {
+    /// Set in the configuration.
+    Fixed(u8),
+    /// `auto`: claimed from the registry by the background worker.
+    Auto,
 }
 
 /// Why a setting is unusable. Each variant names the setting.
@@ -52,6 +65,13 @@ pub enum SettingError {
         /// Largest allowed.
         max: i64,
     },
+    /// `snowflake.worker_id = 'auto'` without a registry.
+    RegistryMissing,
+    /// `snowflake.registry` is not a URI this build can use.
+    BadRegistry {
+        /// The value, without its password.
+        value: String,
+    },
     /// The epoch is neither Unix milliseconds nor an ISO-8601 timestamp with time zone.
     BadEpoch {
         /// The raw value.
@@ -62,13 +82,15 @@ pub enum SettingError {
 }
 
 impl Config {
-    /// Validates the three raw setting values. `None` means the setting is absent.
+    /// Validates the raw setting values. `None` means the setting is absent. `registry_kind`
+    /// tells whether `snowflake.registry` is set (`Some`) and usable (`Some(true)`).
     pub fn parse(
         worker_id: Option<&str>,
         datacenter_id: Option<&str>,
         epoch: Option<&str>,
+        registry: Option<&str>,
     ) -> Result<Config, SettingError> {
-        let worker_id = parse_node_id(WORKER_ID, worker_id, None, MAX_WORKER_ID)?;
+        let worker_id = parse_worker_id(worker_id, registry)?;
         let datacenter_id =
             parse_node_id(DATACENTER_ID, datacenter_id, Some(0), MAX_DATACENTER_ID)?;
         let epoch = parse_epoch_setting(epoch)?;
@@ -77,6 +99,59 @@ impl Config {
             datacenter_id,
             epoch,
         })
+    }
+}
+
+/// Parses `snowflake.worker_id`: a number, or `auto` (case-insensitive) with a usable
+/// `snowflake.registry`.
+pub fn parse_worker_id(
+    raw: Option<&str>,
+    registry: Option<&str>,
+) -> Result<WorkerId, SettingError> {
+    if raw.is_some_and(|r| r.trim().eq_ignore_ascii_case(AUTO)) {
+        let registry = registry.map(str::trim).unwrap_or("");
+        if registry.is_empty() {
+            return Err(SettingError::RegistryMissing);
+        }
+        if !registry_uri_is_supported(registry) {
+            return Err(SettingError::BadRegistry {
+                value: redacted(registry),
+            });
+        }
+        return Ok(WorkerId::Auto);
+    }
+    parse_node_id(WORKER_ID, raw, None, MAX_WORKER_ID).map(WorkerId::Fixed)
+}
+
+/// Whether `uri` names a registry this build can talk to: `redis://HOST[:PORT][/DB]` or a
+/// libpq URI `postgresql://...` (or `postgres://`).
+pub fn registry_uri_is_supported(uri: &str) -> bool {
+    let lower = uri.to_ascii_lowercase();
+    ["redis://", "postgresql://", "postgres://"]
+        .iter()
+        .any(|scheme| lower.starts_with(scheme) && lower.len() > scheme.len())
+}
+
+/// `uri` without its password, for logs and `snowflake_stats()`.
+pub fn redacted(uri: &str) -> String {
+    let Some(scheme_end) = uri.find("://") else {
+        return uri.to_string();
+    };
+    let rest = &uri[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_string()
+            };
+            format!("{}{}{}", &uri[..scheme_end + 3], masked, &rest[at..])
+        }
+        None => uri.to_string(),
     }
 }
 
@@ -388,25 +463,84 @@ mod tests {
     #[test]
     fn worker_id_is_required() {
         assert_eq!(
-            Config::parse(None, None, None),
+            Config::parse(None, None, None, None),
             Err(SettingError::Unset { name: WORKER_ID })
         );
         assert_eq!(
-            Config::parse(Some("  "), None, None),
+            Config::parse(Some("  "), None, None, None),
             Err(SettingError::Unset { name: WORKER_ID })
         );
     }
 
     #[test]
     fn defaults() {
-        let c = Config::parse(Some("7"), None, None).unwrap();
-        assert_eq!(c.worker_id, 7);
+        let c = Config::parse(Some("7"), None, None, None).unwrap();
+        assert_eq!(c.worker_id, WorkerId::Fixed(7));
         assert_eq!(c.datacenter_id, 0);
         assert_eq!(c.epoch.unix_ms(), TWITTER_EPOCH_MS);
         assert_eq!(
             parse_epoch(DEFAULT_EPOCH_TEXT).unwrap().unix_ms(),
             DEFAULT_EPOCH_MS
         );
+    }
+
+    #[test]
+    fn auto_needs_a_usable_registry() {
+        assert_eq!(
+            parse_worker_id(Some(" AUTO "), Some("redis://127.0.0.1:6379/0")),
+            Ok(WorkerId::Auto)
+        );
+        assert_eq!(
+            parse_worker_id(Some("auto"), Some("postgresql://u@h/db")),
+            Ok(WorkerId::Auto)
+        );
+        assert_eq!(
+            parse_worker_id(Some("auto"), None),
+            Err(SettingError::RegistryMissing)
+        );
+        assert_eq!(
+            parse_worker_id(Some("auto"), Some(" ")),
+            Err(SettingError::RegistryMissing)
+        );
+        assert_eq!(
+            parse_worker_id(Some("auto"), Some("http://u:pw@h/")),
+            Err(SettingError::BadRegistry {
+                value: "http://u:***@h/".into()
+            })
+        );
+        assert_eq!(
+            parse_worker_id(Some("auto"), Some("redis://")),
+            Err(SettingError::BadRegistry {
+                value: "redis://".into()
+            })
+        );
+        // A number ignores the registry.
+        assert_eq!(
+            parse_worker_id(Some("3"), Some("redis://h")),
+            Ok(WorkerId::Fixed(3))
+        );
+        assert!(matches!(
+            parse_worker_id(Some("automatic"), None),
+            Err(SettingError::NotAnInteger { .. })
+        ));
+    }
+
+    #[test]
+    fn redaction() {
+        assert_eq!(
+            redacted("redis://:secret@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redacted("postgresql://app:pw@db:5432/reg"),
+            "postgresql://app:***@db:5432/reg"
+        );
+        assert_eq!(
+            redacted("postgresql://app@db/reg"),
+            "postgresql://app@db/reg"
+        );
+        assert_eq!(redacted("redis://h:1"), "redis://h:1");
+        assert_eq!(redacted("not a uri"), "not a uri");
     }
 
     #[test]

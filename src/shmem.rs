@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic, PgLwLock};
 
+use crate::claim::{ClaimStatus, Fence};
 use crate::generator::{Events, Generator};
 use crate::ratelimit::RateLimiter;
 
@@ -30,6 +31,23 @@ pub struct SharedGenerator {
     pub noticed: Events,
     /// Rate limit of the WARNINGs (monotonic clock).
     pub warnings: RateLimiter,
+    /// The (datacenter, worker) pair in the IDs: from the settings, or the claimed one.
+    pub node: Node,
+    /// What the worker-id claim allows ([`Fence::UNLIMITED`] with a configured worker id).
+    /// Checked when a lease is extended, which is the only way past the generator's lease.
+    pub fence: Fence,
+    /// Timestamp (since the epoch) above every ID an earlier holder of the claimed pair
+    /// could have issued; re-applied when the generator is resumed. 0: none.
+    pub claim_floor: u64,
+}
+
+/// A (datacenter, worker) pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Node {
+    /// Datacenter id.
+    pub datacenter_id: u8,
+    /// Worker id.
+    pub worker_id: u8,
 }
 
 // SAFETY: plain `Copy` data without pointers.
@@ -51,6 +69,56 @@ pub struct SharedDurable {
 // SAFETY: plain `Copy` data without pointers.
 unsafe impl PGRXSharedMemory for SharedDurable {}
 
+/// Longest detail text kept for a claim's state.
+pub const CLAIM_DETAIL_LEN: usize = 400;
+
+/// The registry worker's view of its claim, for callers' errors and `snowflake_stats()`.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedClaim {
+    /// Where the claim stands.
+    pub status: ClaimStatus,
+    /// The held pair (meaningful while `status` is `Held`).
+    pub node: Node,
+    /// When the registry lets the claim go unless renewed (this server's clock, Unix ms).
+    pub expires_unix_ms: i64,
+    /// Why the status is what it is (UTF-8, `detail_len` bytes).
+    pub detail: [u8; CLAIM_DETAIL_LEN],
+    /// Bytes used in `detail`.
+    pub detail_len: u16,
+}
+
+impl Default for SharedClaim {
+    fn default() -> Self {
+        SharedClaim {
+            status: ClaimStatus::Starting,
+            node: Node::default(),
+            expires_unix_ms: 0,
+            detail: [0; CLAIM_DETAIL_LEN],
+            detail_len: 0,
+        }
+    }
+}
+
+impl SharedClaim {
+    /// Sets the detail text (truncated at a character boundary).
+    pub fn set_detail(&mut self, text: &str) {
+        let mut end = text.len().min(CLAIM_DETAIL_LEN);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.detail[..end].copy_from_slice(&text.as_bytes()[..end]);
+        self.detail_len = end as u16;
+    }
+
+    /// The detail text.
+    pub fn detail(&self) -> String {
+        String::from_utf8_lossy(&self.detail[..usize::from(self.detail_len)]).into_owned()
+    }
+}
+
+// SAFETY: plain `Copy` data without pointers.
+unsafe impl PGRXSharedMemory for SharedClaim {}
+
 /// Counters updated outside any lock.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -70,6 +138,9 @@ pub static GENERATOR: PgLwLock<SharedGenerator> = unsafe { PgLwLock::new(c"snowf
 /// Durable state. May be held across file and WAL writes. Lock order: DURABLE, then GENERATOR.
 pub static DURABLE: PgLwLock<SharedDurable> = unsafe { PgLwLock::new(c"snowflake_durable") };
 
+/// The claim's state, written by the registry worker. Never held with another lock.
+pub static CLAIM: PgLwLock<SharedClaim> = unsafe { PgLwLock::new(c"snowflake_claim") };
+
 /// Lock-free counters.
 pub static COUNTERS: PgAtomic<Counters> = unsafe { PgAtomic::new(c"snowflake_counters") };
 
@@ -82,6 +153,7 @@ pub fn init() {
     pg_shmem_init!(GENERATOR);
     pg_shmem_init!(DURABLE);
     pg_shmem_init!(COUNTERS);
+    pg_shmem_init!(CLAIM);
     PRELOADED.store(true, Ordering::Relaxed);
 }
 

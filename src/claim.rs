@@ -1,0 +1,478 @@
+//! Worker-id claims from a registry, in plain Rust (no pgrx, no network): the timing that
+//! follows from `snowflake.claim_ttl`, the fence a holder keeps, the check of the local clock
+//! against the registry's, and where a new holder's IDs must start.
+//!
+//! Why the numbers are safe (see the README, "Fleets"):
+//! - A holder renews every `ttl / 5`. Each renewal that the registry confirms lets it issue
+//!   IDs with timestamps below `cap = wall clock at the renewal's start + ttl / 2`, and only
+//!   until `ttl / 2` after that start on its monotonic clock (the fence). The registry keeps
+//!   the claim until `ttl` after it received the renewal, which is later: a holder that stops
+//!   hearing from the registry has stopped issuing before anyone else can get its id.
+//! - The registry also keeps, per id, the highest cap any holder was granted (the high-water
+//!   mark). A new holder's IDs start above it, so even a holder that keeps issuing past its
+//!   claim (a process frozen by SIGSTOP and woken later) cannot collide: its IDs are below its
+//!   last cap.
+//! - A registry that lost its data (restarted, replaced, restored) lost those marks. It grants
+//!   no free id until `ttl` after it noticed (it "settles"): live holders re-assert their
+//!   claims in that time, and every other holder has passed its fence. Holders' clocks are kept
+//!   within `ttl / 5` of the registry's, so a cap granted before the loss is behind every clock
+//!   by then: `ttl - ttl / 2 - 2 * ttl / 5 > 0`.
+
+/// Default of `snowflake.claim_ttl` (ms).
+pub const DEFAULT_CLAIM_TTL_MS: u64 = 10_000;
+/// Smallest `snowflake.claim_ttl` (ms): below it a heartbeat is shorter than a slow registry
+/// round trip.
+pub const MIN_CLAIM_TTL_MS: u64 = 2_000;
+/// Largest `snowflake.claim_ttl` (ms).
+pub const MAX_CLAIM_TTL_MS: u64 = 600_000;
+
+/// The intervals that follow from the claim TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimTiming {
+    ttl_ms: u64,
+}
+
+impl ClaimTiming {
+    /// Timing for a claim TTL of `ttl_ms`, clamped to the allowed range.
+    pub fn new(ttl_ms: u64) -> ClaimTiming {
+        ClaimTiming {
+            ttl_ms: ttl_ms.clamp(MIN_CLAIM_TTL_MS, MAX_CLAIM_TTL_MS),
+        }
+    }
+
+    /// How long the registry keeps a claim after its last renewal.
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
+    /// How often the holder renews; also the time limit of one registry request.
+    pub fn heartbeat_ms(&self) -> u64 {
+        self.ttl_ms / 5
+    }
+
+    /// How far past a renewal's start the holder may issue: in ID time (the cap, on its wall
+    /// clock) and in elapsed time (the deadline, on its monotonic clock).
+    pub fn fence_reach_ms(&self) -> u64 {
+        self.ttl_ms / 2
+    }
+
+    /// Largest difference between a holder's clock and the registry's that it accepts.
+    pub fn max_skew_ms(&self) -> u64 {
+        self.ttl_ms / 5
+    }
+
+    /// The fence granted by a renewal that started at `started_unix_ms` (wall clock) and
+    /// `started_mono_ms` (monotonic clock).
+    pub fn fence(&self, started_unix_ms: i64, started_mono_ms: u64) -> Fence {
+        let reach = self.fence_reach_ms();
+        Fence {
+            cap_unix_ms: started_unix_ms.saturating_add(reach as i64),
+            deadline_mono_ms: started_mono_ms.saturating_add(reach),
+        }
+    }
+
+    /// How long a registry that noticed a loss of data at `born_unix_ms` (its clock) still
+    /// refuses free ids at `now_unix_ms` (0: it grants them).
+    pub fn settle_wait_ms(&self, born_unix_ms: i64, now_unix_ms: i64) -> u64 {
+        born_unix_ms
+            .saturating_add(self.ttl_ms as i64)
+            .saturating_sub(now_unix_ms)
+            .max(0) as u64
+    }
+}
+
+/// What a holder may issue under its claim: IDs with timestamps below `cap_unix_ms`, until
+/// its monotonic clock reaches `deadline_mono_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    /// Exclusive bound of the IDs' timestamps, Unix ms (this server's clock).
+    pub cap_unix_ms: i64,
+    /// Monotonic time (ms) after which nothing may be issued without a renewal.
+    pub deadline_mono_ms: u64,
+}
+
+impl Fence {
+    /// No claim: nothing may be issued.
+    pub const NONE: Fence = Fence {
+        cap_unix_ms: i64::MIN,
+        deadline_mono_ms: 0,
+    };
+
+    /// No registry (a configured worker id): no limit.
+    pub const UNLIMITED: Fence = Fence {
+        cap_unix_ms: i64::MAX,
+        deadline_mono_ms: u64::MAX,
+    };
+
+    /// Whether an ID with timestamp `timestamp_unix_ms` may be issued at `now_mono_ms`.
+    pub fn allows(&self, timestamp_unix_ms: i64, now_mono_ms: u64) -> bool {
+        timestamp_unix_ms < self.cap_unix_ms && now_mono_ms < self.deadline_mono_ms
+    }
+
+    /// Whether the deadline has passed at `now_mono_ms`.
+    pub fn expired(&self, now_mono_ms: u64) -> bool {
+        now_mono_ms >= self.deadline_mono_ms
+    }
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Fence::NONE
+    }
+}
+
+/// One reading of the registry's clock, between two readings of ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockSample {
+    /// Our wall clock when the request was sent (Unix ms).
+    pub sent_unix_ms: i64,
+    /// Our wall clock when the answer arrived (Unix ms).
+    pub received_unix_ms: i64,
+    /// The registry's clock in its answer (Unix ms).
+    pub registry_unix_ms: i64,
+}
+
+impl ClockSample {
+    /// The registry's clock minus ours, estimated at the round trip's midpoint.
+    pub fn offset_ms(&self) -> i64 {
+        let midpoint = self.sent_unix_ms + (self.received_unix_ms - self.sent_unix_ms) / 2;
+        self.registry_unix_ms - midpoint
+    }
+
+    /// The smallest difference between the two clocks that the sample proves (the round
+    /// trip leaves half of itself, plus a millisecond of rounding, uncertain).
+    pub fn proven_skew_ms(&self) -> u64 {
+        let uncertainty = (self.received_unix_ms - self.sent_unix_ms).max(0) / 2 + 1;
+        (self.offset_ms().unsigned_abs()).saturating_sub(uncertainty as u64)
+    }
+
+    /// The registry's clock translated to ours.
+    pub fn to_local_ms(&self, registry_unix_ms: i64) -> i64 {
+        registry_unix_ms - self.offset_ms()
+    }
+}
+
+/// Our clock is further from the registry's than the claim timing allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SkewTooLarge {
+    /// The registry's clock minus ours (ms).
+    pub offset_ms: i64,
+    /// The allowed difference (ms).
+    pub max_ms: u64,
+}
+
+/// Checks a clock sample against the allowed difference.
+pub fn check_skew(sample: &ClockSample, timing: ClaimTiming) -> Result<(), SkewTooLarge> {
+    if sample.proven_skew_ms() > timing.max_skew_ms() {
+        return Err(SkewTooLarge {
+            offset_ms: sample.offset_ms(),
+            max_ms: timing.max_skew_ms(),
+        });
+    }
+    Ok(())
+}
+
+/// How a registry granted a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Granted {
+    /// The id was held under this server's own token (a renewal, or a re-assertion after the
+    /// registry lost it): its IDs are this server's own, covered by its durable lease.
+    Own,
+    /// The id was free. `high_water_unix_ms` is the highest cap any earlier holder was granted
+    /// (None: never recorded, or lost with the registry's data, which then settled first).
+    Free {
+        /// The id's high-water mark before this claim.
+        high_water_unix_ms: Option<i64>,
+    },
+}
+
+/// Where this server's IDs must start under a claim granted as `granted` (Unix ms), if
+/// anywhere in particular: above every ID an earlier holder could have issued.
+pub fn claim_floor_unix_ms(granted: Granted) -> Option<i64> {
+    match granted {
+        Granted::Own => None,
+        Granted::Free { high_water_unix_ms } => high_water_unix_ms.map(|h| h.saturating_add(1)),
+    }
+}
+
+/// The high-water mark a holder leaves when it releases its claim cleanly: the highest
+/// timestamp it could have issued (its generator's position, its durable lease end) and its
+/// starting floor, instead of its last cap, so that the next holder (often itself, after a
+/// restart) does not wait for a cap it never used.
+pub fn release_high_water(
+    position_unix_ms: i64,
+    lease_end_unix_ms: i64,
+    floor_unix_ms: i64,
+) -> i64 {
+    position_unix_ms.max(lease_end_unix_ms).max(floor_unix_ms)
+}
+
+/// Why a holder has no usable claim, as shown to callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum ClaimStatus {
+    /// The background worker has not finished its first attempt.
+    #[default]
+    Starting,
+    /// A claim is held and renewed.
+    Held,
+    /// The registry cannot be reached (or answered with an error).
+    Unreachable,
+    /// The registry lost its data recently and grants no free id yet.
+    Settling,
+    /// Every worker id of the datacenter is claimed.
+    Exhausted,
+    /// The claim was not renewed in time, or another node holds it now.
+    Fenced,
+    /// The registry refuses this server for good (another epoch, a clock too far off).
+    Refused,
+}
+
+impl ClaimStatus {
+    /// A word for monitoring.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClaimStatus::Starting => "starting",
+            ClaimStatus::Held => "held",
+            ClaimStatus::Unreachable => "unreachable",
+            ClaimStatus::Settling => "settling",
+            ClaimStatus::Exhausted => "exhausted",
+            ClaimStatus::Fenced => "fenced",
+            ClaimStatus::Refused => "refused",
+        }
+    }
+}
+
+/// What the heartbeat does after a renewal attempt that failed (the registry did not answer,
+/// or answered with an error), given the fence it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// The fence still holds: keep issuing, try again at the next heartbeat.
+    Retry,
+    /// The fence has expired: stop issuing now, and claim again once the registry answers.
+    Fence,
+}
+
+/// Decides what a failed renewal means at `now_mono_ms`.
+pub fn after_failed_renewal(fence: Fence, now_mono_ms: u64) -> AfterFailure {
+    if fence.expired(now_mono_ms) {
+        AfterFailure::Fence
+    } else {
+        AfterFailure::Retry
+    }
+}
+
+/// Whether a holder may re-assert its claim when the registry no longer has it (lost data,
+/// or a manual delete): only while its fence holds, since after that the id may have been
+/// granted to another node.
+pub fn may_reassert(fence: Fence, now_mono_ms: u64) -> bool {
+    !fence.expired(now_mono_ms)
+}
+
+/// The order in which free worker ids are tried: the one this server held last (stable ids
+/// across restarts), then the rest from 0 up.
+pub fn claim_order(preferred: Option<u8>, max_worker_id: u8) -> Vec<u8> {
+    let mut order: Vec<u8> = Vec::with_capacity(usize::from(max_worker_id) + 1);
+    if let Some(p) = preferred.filter(|p| *p <= max_worker_id) {
+        order.push(p);
+    }
+    order.extend((0..=max_worker_id).filter(|w| Some(*w) != preferred));
+    order
+}
+
+/// Which worker id a claim gets, decided from the registry's view of one datacenter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimChoice {
+    /// This server's token already holds this id: renew it.
+    Own(u8),
+    /// This id is free: take it.
+    Free(u8),
+    /// No own claim, and the registry is still settling for this long (ms).
+    Settling(u64),
+    /// Every id in `order` is held by someone else; the count of them.
+    Exhausted(u32),
+}
+
+/// Decides a claim: an id this token holds first (whatever the order), then, once the
+/// registry has settled, the first free id in `order`. `live` lists the ids that are
+/// held (unexpired) and by which token.
+pub fn choose_worker(
+    order: &[u8],
+    live: &[(u8, &str)],
+    token: &str,
+    settle_wait_ms: u64,
+) -> ClaimChoice {
+    let holder = |w: u8| live.iter().find(|(id, _)| *id == w).map(|(_, t)| *t);
+    if let Some(w) = order.iter().copied().find(|w| holder(*w) == Some(token)) {
+        return ClaimChoice::Own(w);
+    }
+    if settle_wait_ms > 0 {
+        return ClaimChoice::Settling(settle_wait_ms);
+    }
+    match order.iter().copied().find(|w| holder(*w).is_none()) {
+        Some(w) => ClaimChoice::Free(w),
+        None => ClaimChoice::Exhausted(order.len() as u32),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const T: ClaimTiming = ClaimTiming { ttl_ms: 10_000 };
+
+    #[test]
+    fn default_timing() {
+        assert_eq!(T.heartbeat_ms(), 2_000);
+        assert_eq!(T.fence_reach_ms(), 5_000);
+        assert_eq!(T.max_skew_ms(), 2_000);
+        assert_eq!(ClaimTiming::new(1).ttl_ms(), MIN_CLAIM_TTL_MS);
+    }
+
+    #[test]
+    fn fence_stops_at_cap_and_deadline() {
+        let f = T.fence(1_000_000, 50);
+        assert_eq!(f.cap_unix_ms, 1_005_000);
+        assert!(f.allows(1_004_999, 5_049));
+        assert!(!f.allows(1_005_000, 100));
+        assert!(!f.allows(1_000_000, 5_050));
+        assert!(!Fence::NONE.allows(0, 0));
+        assert_eq!(after_failed_renewal(f, 5_049), AfterFailure::Retry);
+        assert_eq!(after_failed_renewal(f, 5_050), AfterFailure::Fence);
+        assert!(may_reassert(f, 100) && !may_reassert(f, 6_000));
+    }
+
+    #[test]
+    fn skew_within_round_trip_is_not_proven() {
+        let s = ClockSample {
+            sent_unix_ms: 1_000,
+            received_unix_ms: 1_400,
+            registry_unix_ms: 1_350,
+        };
+        assert_eq!(s.offset_ms(), 150);
+        assert_eq!(s.proven_skew_ms(), 0);
+        let far = ClockSample {
+            registry_unix_ms: 10_000,
+            ..s
+        };
+        assert_eq!(
+            check_skew(&far, T),
+            Err(SkewTooLarge {
+                offset_ms: 8_800,
+                max_ms: 2_000
+            })
+        );
+        assert_eq!(far.to_local_ms(10_000), 1_200);
+    }
+
+    #[test]
+    fn floors() {
+        assert_eq!(claim_floor_unix_ms(Granted::Own), None);
+        assert_eq!(
+            claim_floor_unix_ms(Granted::Free {
+                high_water_unix_ms: None
+            }),
+            None
+        );
+        assert_eq!(
+            claim_floor_unix_ms(Granted::Free {
+                high_water_unix_ms: Some(41)
+            }),
+            Some(42)
+        );
+        assert_eq!(release_high_water(5, 9, 7), 9);
+    }
+
+    #[test]
+    fn claim_order_prefers_the_last_id() {
+        assert_eq!(claim_order(Some(3), 4), vec![3, 0, 1, 2, 4]);
+        assert_eq!(claim_order(None, 2), vec![0, 1, 2]);
+        assert_eq!(claim_order(Some(9), 2), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn choose_worker_prefers_own_then_waits_for_settling() {
+        let order = claim_order(Some(2), 3);
+        let live = [(2u8, "other"), (1u8, "me")];
+        assert_eq!(choose_worker(&order, &live, "me", 500), ClaimChoice::Own(1));
+        assert_eq!(
+            choose_worker(&order, &live, "new", 500),
+            ClaimChoice::Settling(500)
+        );
+        assert_eq!(choose_worker(&order, &live, "new", 0), ClaimChoice::Free(0));
+        let full = [(0u8, "a"), (1, "b"), (2, "c"), (3, "d")];
+        assert_eq!(
+            choose_worker(&order, &full, "new", 0),
+            ClaimChoice::Exhausted(4)
+        );
+    }
+
+    proptest! {
+        /// The registry keeps a claim `ttl` after it received a renewal; the holder stops
+        /// issuing `ttl / 2` after it sent it. Whatever the delays, the holder's deadline
+        /// comes first (both measured from the send, on clocks that run at the same rate).
+        #[test]
+        fn holder_fences_before_the_registry_expires(ttl in MIN_CLAIM_TTL_MS..MAX_CLAIM_TTL_MS,
+                                                     sent in 0u64..1u64 << 40,
+                                                     delay in 0u64..60_000) {
+            let t = ClaimTiming::new(ttl);
+            let fence = t.fence(0, sent);
+            let registry_expiry = sent + delay + t.ttl_ms();
+            prop_assert!(fence.deadline_mono_ms < registry_expiry);
+        }
+
+        /// After a loss of registry data noticed at `born` (registry time), a free id is granted
+        /// only after settling. Any holder whose last renewal started before `born`, with a
+        /// clock within the allowed skew, has a cap below the new holder's clock by then: the
+        /// new holder's IDs (at or after its clock) never meet the old holder's.
+        #[test]
+        fn settled_registry_outlives_every_lost_cap(ttl in MIN_CLAIM_TTL_MS..MAX_CLAIM_TTL_MS,
+                                                    born in 1_000_000i64..1i64 << 41,
+                                                    before in 0i64..100_000,
+                                                    old_skew in -1.0f64..1.0,
+                                                    new_skew in -1.0f64..1.0,
+                                                    late in 0i64..10_000) {
+            let t = ClaimTiming::new(ttl);
+            let max = t.max_skew_ms() as f64;
+            // The old holder's renewal started before the loss; its clock read `born - before` + skew.
+            let old_cap = t.fence(born - before + (old_skew * max) as i64, 0).cap_unix_ms;
+            // The new holder is granted the id once the registry settled (maybe later).
+            let registry_now = born + t.ttl_ms() as i64 + late;
+            prop_assert_eq!(t.settle_wait_ms(born, registry_now), 0);
+            let new_clock = registry_now + (new_skew * max) as i64;
+            prop_assert!(new_clock >= old_cap, "new clock {new_clock} below old cap {old_cap}");
+        }
+
+        /// The high-water mark: a new holder's floor is above every timestamp the previous
+        /// holders could issue (below their caps), whatever the order of their renewals.
+        #[test]
+        fn floor_is_above_every_earlier_cap(caps in proptest::collection::vec(0i64..1i64 << 41, 1..20)) {
+            let high_water = caps.iter().copied().max();
+            let floor = claim_floor_unix_ms(Granted::Free { high_water_unix_ms: high_water }).unwrap();
+            for cap in caps {
+                // Issued timestamps are below the cap.
+                prop_assert!(floor > cap - 1);
+            }
+        }
+
+        /// A clean release never lowers the mark below what the holder issued or started at.
+        #[test]
+        fn release_covers_everything_issued(pos in 0i64..1i64 << 41, lease in 0i64..1i64 << 41, floor in 0i64..1i64 << 41) {
+            let h = release_high_water(pos, lease, floor);
+            prop_assert!(h >= pos && h >= lease && h >= floor);
+        }
+
+        /// Every worker id is tried exactly once, the preferred one first.
+        #[test]
+        fn claim_order_is_a_permutation(preferred in proptest::option::of(0u8..40), max in 0u8..32) {
+            let order = claim_order(preferred, max);
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, (0..=max).collect::<Vec<_>>());
+            if let Some(p) = preferred.filter(|p| *p <= max) {
+                prop_assert_eq!(order[0], p);
+            }
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The registry worker: with `snowflake.worker_id = 'auto'`, a background worker claims a
+//! worker id from `snowflake.registry`, renews it every fifth of `snowflake.claim_ttl`, and
+//! fences the generator when it cannot. All network I/O happens here: never in the
+//! postmaster, never in a backend, never under a lock. What it learns goes to shared memory:
+//! the pair and its fence to the generator (checked only when a lease is extended), the
+//! status and its reason to [`shmem::CLAIM`] (for callers' errors and `snowflake_stats()`).
+//!
+//! The worker starts when recovery has finished: a standby does not claim; it claims when it
+//! is promoted.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
+use pgrx::prelude::*;
+
+use crate::api::{data_dir, now_unix_ms};
+use crate::claim::{self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted};
+use crate::durable::{self, LastClaim};
+use crate::errors;
+use crate::gucs;
+use crate::layout::{Epoch, MAX_WORKER_ID};
+use crate::registry::{self, ClaimReply, ClaimRequest, Registry, RenewReply};
+use crate::settings::{redacted, Config, WorkerId};
+use crate::shmem::{self, Node};
+use crate::waits::monotonic_ms;
+
+/// This postmaster's claim token: random, made once at preload, inherited by every process
+/// it forks. A crash restart keeps it (the postmaster lives on), so the restarted worker
+/// recognises its own claim; a clone of the data directory, or a new start, gets another.
+static TOKEN: OnceLock<String> = OnceLock::new();
+
+/// Registers the worker, when the settings ask for a claimed worker id. Called while
+/// preloading, in the postmaster: no I/O beyond reading 16 random bytes.
+pub fn register(config: &Config) {
+    if config.worker_id != WorkerId::Auto {
+        return;
+    }
+    let mut bytes = [0u8; 16];
+    // SAFETY: a valid buffer of the given length.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        // Without randomness there is no token to tell this server from a clone: claim nothing.
+        errors::claim_setup("could not read random bytes for the claim token").warn();
+        return;
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let _ = TOKEN.set(hex);
+    BackgroundWorkerBuilder::new("snowflake registry")
+        .set_type("snowflake registry")
+        .set_library("snowflake")
+        .set_function("snowflake_registry_main")
+        .enable_shmem_access(None)
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+/// The worker's entry point.
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let (Ok(config), Some(uri), Some(random)) = (gucs::config(), gucs::registry(), TOKEN.get())
+    else {
+        return;
+    };
+    let timing = gucs::claim_timing();
+    let token = format!("{random}@{}", node_description());
+    let mut holder = Holder {
+        config,
+        timing,
+        uri: redacted(&uri),
+        token,
+        held: None,
+        floor_unix_ms: i64::MIN,
+        preferred: durable::read_last_claim(&data_dir())
+            .ok()
+            .flatten()
+            .filter(|c| c.datacenter_id == config.datacenter_id)
+            .map(|c| c.worker_id),
+    };
+    let timeout = Duration::from_millis(timing.heartbeat_ms());
+    let mut client = match registry::open(&uri, timeout) {
+        Ok(client) => client,
+        Err(e) => {
+            holder.report(ClaimStatus::Refused, &e.0, 0);
+            while BackgroundWorker::wait_latch(None) {}
+            return;
+        }
+    };
+    loop {
+        let wait_ms = holder.step(client.as_mut());
+        if !BackgroundWorker::wait_latch(Some(Duration::from_millis(wait_ms))) {
+            break;
+        }
+    }
+    holder.release(client.as_mut());
+}
+
+/// Host name and port, to tell holders apart in the registry.
+fn node_description() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: a valid buffer; gethostname NUL-terminates on success.
+    let host = if unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0 {
+        let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+        String::from_utf8_lossy(&name[..end]).into_owned()
+    } else {
+        "unknown".into()
+    };
+    // SAFETY: a plain global set by the postmaster at start.
+    let port = unsafe { pg_sys::PostPortNumber };
+    format!("{host}:{port}")
+}
+
+/// The worker's own state.
+struct Holder {
+    config: Config,
+    timing: ClaimTiming,
+    /// The registry URI without its password.
+    uri: String,
+    token: String,
+    /// The held worker id and its fence.
+    held: Option<(u8, Fence)>,
+    /// Where this server's IDs started under the current claim (Unix ms).
+    floor_unix_ms: i64,
+    /// The worker id to ask for first.
+    preferred: Option<u8>,
+}
+
+impl Holder {
+    /// One claim or renewal. Returns how long to wait before the next (ms).
+    fn step(&mut self, client: &mut dyn Registry) -> u64 {
+        let started_unix_ms = now_unix_ms();
+        let started_mono_ms = monotonic_ms();
+        let fence = self.timing.fence(started_unix_ms, started_mono_ms);
+        let order = claim::claim_order(self.held.map(|h| h.0).or(self.preferred), MAX_WORKER_ID);
+        let request = ClaimRequest {
+            datacenter_id: self.config.datacenter_id,
+            order: &order,
+            token: &self.token,
+            ttl_ms: self.timing.ttl_ms(),
+            cap_unix_ms: fence.cap_unix_ms,
+            epoch_unix_ms: self.config.epoch.unix_ms(),
+        };
+        let heartbeat = self.timing.heartbeat_ms();
+        match self.held {
+            Some((worker_id, old)) => {
+                let may_reassert = claim::may_reassert(old, started_mono_ms);
+                match client.renew(&request, worker_id, may_reassert) {
+                    Ok((RenewReply::Renewed, sample)) => {
+                        if let Err(skew) = claim::check_skew(&sample, self.timing) {
+                            self.fence(ClaimStatus::Refused, &skew_text(skew));
+                            return heartbeat;
+                        }
+                        self.install(worker_id, fence, None);
+                        let expires = sample.to_local_ms(sample.registry_unix_ms)
+                            + self.timing.ttl_ms() as i64;
+                        self.report(ClaimStatus::Held, "", expires);
+                        heartbeat
+                    }
+                    Ok((RenewReply::Lost { holder }, _)) => {
+                        let why = match holder {
+                            Some(h) => format!(
+                                "The registry gave worker id {worker_id} to {h} after this server's claim lapsed."
+                            ),
+                            None => format!(
+                                "The registry no longer has this server's claim of worker id {worker_id}, and its fence had expired."
+                            ),
+                        };
+                        self.fence(ClaimStatus::Fenced, &why);
+                        // Claim again at once (another id, or the same once it is free).
+                        1
+                    }
+                    Err(e) => {
+                        let why = format!("Renewing the claim failed: {}", e.0);
+                        match claim::after_failed_renewal(old, monotonic_ms()) {
+                            AfterFailure::Retry => {
+                                self.note_failure(&why);
+                                (heartbeat / 2).max(100)
+                            }
+                            AfterFailure::Fence => {
+                                self.fence(ClaimStatus::Fenced, &why);
+                                (heartbeat / 2).max(100)
+                            }
+                        }
+                    }
+                }
+            }
+            None => match client.claim(&request) {
+                Ok((ClaimReply::Granted { worker_id, granted }, sample)) => {
+                    if let Err(skew) = claim::check_skew(&sample, self.timing) {
+                        // Not used: give it back at once (its mark keeps the cap, harmlessly).
+                        let _ = client.release(
+                            self.config.datacenter_id,
+                            worker_id,
+                            &self.token,
+                            fence.cap_unix_ms,
+                        );
+                        self.report(ClaimStatus::Refused, &skew_text(skew), 0);
+                        return heartbeat;
+                    }
+                    let floor = claim::claim_floor_unix_ms(granted);
+                    self.install(worker_id, fence, floor);
+                    let expires =
+                        sample.to_local_ms(sample.registry_unix_ms) + self.timing.ttl_ms() as i64;
+                    self.report(ClaimStatus::Held, "", expires);
+                    let last = LastClaim {
+                        datacenter_id: self.config.datacenter_id,
+                        worker_id,
+                    };
+                    if self.preferred != Some(worker_id) {
+                        if let Err(e) = durable::write_last_claim(&data_dir(), &last) {
+                            errors::claim_setup(&format!(
+                                "could not write {}: {e}",
+                                durable::CLAIM_FILE
+                            ))
+                            .warn();
+                        }
+                        self.preferred = Some(worker_id);
+                    }
+                    errors::claimed(
+                        self.config.datacenter_id,
+                        worker_id,
+                        &self.uri,
+                        matches!(granted, Granted::Own),
+                        floor,
+                    )
+                    .log();
+                    heartbeat
+                }
+                Ok((ClaimReply::Settling { wait_ms }, _)) => {
+                    let why = format!(
+                        "The registry began {} ms ago (new, restarted or restored) and grants free worker ids only {} ms after it began, so that servers still holding claims can renew them first. It grants them in {wait_ms} ms.",
+                        self.timing.ttl_ms().saturating_sub(wait_ms),
+                        self.timing.ttl_ms()
+                    );
+                    self.report(ClaimStatus::Settling, &why, 0);
+                    wait_ms.clamp(10, heartbeat)
+                }
+                Ok((ClaimReply::Exhausted { taken }, _)) => {
+                    let why = format!(
+                        "All {taken} worker ids of datacenter {} are claimed by other servers.",
+                        self.config.datacenter_id
+                    );
+                    self.report(ClaimStatus::Exhausted, &why, 0);
+                    heartbeat
+                }
+                Ok((
+                    ClaimReply::EpochMismatch {
+                        registry_epoch_unix_ms,
+                    },
+                    _,
+                )) => {
+                    let why = format!(
+                        "The registry's fleet uses epoch {} ({registry_epoch_unix_ms} ms); this server's snowflake.epoch is {} ({} ms). One fleet must share one epoch.",
+                        crate::settings::format_unix_ms(registry_epoch_unix_ms),
+                        crate::settings::format_unix_ms(self.config.epoch.unix_ms()),
+                        self.config.epoch.unix_ms()
+                    );
+                    self.report(ClaimStatus::Refused, &why, 0);
+                    heartbeat
+                }
+                Err(e) => {
+                    self.report(ClaimStatus::Unreachable, &e.0, 0);
+                    (heartbeat / 2).max(100)
+                }
+            },
+        }
+    }
+
+    /// Hands a granted claim to the generator: pair, fence, and (for an id that was free)
+    /// the floor above its earlier holders' IDs.
+    fn install(&mut self, worker_id: u8, fence: Fence, floor_unix_ms: Option<i64>) {
+        let epoch = self.config.epoch;
+        let node = Node {
+            datacenter_id: self.config.datacenter_id,
+            worker_id,
+        };
+        let mut shared = shmem::GENERATOR.exclusive();
+        if let Some(floor) = floor_unix_ms {
+            let floor_ts = timestamp_at(epoch, floor);
+            shared.claim_floor = shared.claim_floor.max(floor_ts);
+            shared.generator.raise_floor(floor_ts);
+            self.floor_unix_ms = floor;
+        }
+        shared.node = node;
+        shared.fence = fence;
+        drop(shared);
+        self.held = Some((worker_id, fence));
+    }
+
+    /// Stops the generator at once and forgets the claim.
+    fn fence(&mut self, status: ClaimStatus, why: &str) {
+        {
+            let mut shared = shmem::GENERATOR.exclusive();
+            shared.fence = Fence::NONE;
+            shared.generator.revoke_lease();
+        }
+        if let Some((worker_id, _)) = self.held.take() {
+            errors::claim_fenced(self.config.datacenter_id, worker_id, &self.uri, why).log();
+        }
+        self.report(status, why, 0);
+    }
+
+    /// Records a failed renewal while the fence still holds.
+    fn note_failure(&self, why: &str) {
+        let mut claim = shmem::CLAIM.exclusive();
+        claim.set_detail(why);
+    }
+
+    /// Publishes the status for callers and monitoring.
+    fn report(&self, status: ClaimStatus, why: &str, expires_unix_ms: i64) {
+        let mut claim = shmem::CLAIM.exclusive();
+        claim.status = status;
+        claim.node = Node {
+            datacenter_id: self.config.datacenter_id,
+            worker_id: self.held.map(|h| h.0).unwrap_or(0),
+        };
+        claim.expires_unix_ms = expires_unix_ms;
+        claim.set_detail(why);
+    }
+
+    /// At shutdown: stops the generator, then gives the claim back, leaving as high-water
+    /// mark the highest timestamp this server could have issued rather than its last cap,
+    /// so that the next holder (itself, after a restart) need not wait for that cap.
+    fn release(&mut self, client: &mut dyn Registry) {
+        let Some((worker_id, _)) = self.held else {
+            return;
+        };
+        let epoch = self.config.epoch;
+        let lease_end_unix_ms = {
+            let durable_state = shmem::DURABLE.share();
+            if durable_state.loaded {
+                Some(epoch.to_unix_ms(durable_state.lease_end))
+            } else {
+                None
+            }
+        };
+        let lease_end_unix_ms = lease_end_unix_ms.unwrap_or_else(|| {
+            durable::read(&data_dir())
+                .ok()
+                .flatten()
+                .map(|s| s.lease_end_unix_ms)
+                .unwrap_or(0)
+        });
+        let position_unix_ms = {
+            let mut shared = shmem::GENERATOR.exclusive();
+            shared.fence = Fence::NONE;
+            shared.generator.revoke_lease();
+            epoch.to_unix_ms(shared.generator.position())
+        };
+        let high_water =
+            claim::release_high_water(position_unix_ms, lease_end_unix_ms, self.floor_unix_ms);
+        let _ = client.release(
+            self.config.datacenter_id,
+            worker_id,
+            &self.token,
+            high_water,
+        );
+    }
+}
+
+/// Unix ms as a timestamp since the epoch (0 before it).
+fn timestamp_at(epoch: Epoch, unix_ms: i64) -> u64 {
+    unix_ms.saturating_sub(epoch.unix_ms()).max(0) as u64
+}
+
+fn skew_text(skew: claim::SkewTooLarge) -> String {
+    format!(
+        "This server's clock differs from the registry's by {} ms; at most {} ms (a fifth of snowflake.claim_ttl) is allowed, because the registry's safety after it loses data depends on it.",
+        skew.offset_ms, skew.max_ms
+    )
+}

@@ -1,0 +1,428 @@
+"""snowflake.worker_id = 'auto': worker ids claimed from a real registry (Debian's
+redis-server on a loopback port, or a PostgreSQL coordinator cluster), under the faults the
+README's "Fleets" section promises to survive: several nodes at once, clean restarts, a
+clone started beside its original, a standby promoted beside its live primary, a registry
+stopped and restarted empty, a registry unreachable at start, every id taken, and a holder
+frozen by SIGSTOP past its claim. Every scenario checks that no ID repeats across nodes."""
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import unittest
+
+import psycopg
+
+from harness import BASE, Cluster, error_of
+
+TTL = "2s"  # heartbeat 400 ms, fence 1 s, settling 2 s
+TTL_S = 2.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    """A real redis-server without persistence: a restart comes back empty."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.proc = None
+
+    def uri(self):
+        return f"'redis://127.0.0.1:{self.port}/0'"
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.cli("PING", check=False) == "PONG":
+                return
+            time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    def stop(self):
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def cli(self, *args, check=True):
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], text=True,
+                           capture_output=True, check=False)
+        if check and r.returncode != 0:
+            raise AssertionError(r.stderr)
+        return r.stdout.strip()
+
+    def hold(self, datacenter, worker, token="someone-else", ttl_ms=600_000):
+        """A claim of another (live) node."""
+        self.cli("SET", f"snowflake:claim:{datacenter}:{worker}", token, "PX", str(ttl_ms))
+
+
+class Coordinator:
+    """A PostgreSQL coordinator: a plain cluster on a loopback TCP port."""
+
+    def __init__(self):
+        self.cluster = Cluster(f"coordinator{free_port()}",
+                               {"listen_addresses": "'127.0.0.1'"}, port=free_port())
+        self.cluster.init()
+
+    def uri(self):
+        return f"'postgresql://postgres@127.0.0.1:{self.cluster.port}/postgres'"
+
+    def start(self):
+        self.cluster.start()
+
+    def stop(self):
+        self.cluster.stop("immediate")
+
+    def hold(self, datacenter, worker, token="someone-else", ttl_ms=600_000):
+        self.cluster.sql(
+            """INSERT INTO snowflake_claims VALUES (%s, %s, %s,
+                 (extract(epoch FROM clock_timestamp()) * 1000)::bigint + %s, 0)
+               ON CONFLICT (datacenter_id, worker_id) DO UPDATE SET holder = excluded.holder,
+                 expires_unix_ms = excluded.expires_unix_ms""",
+            (datacenter, worker, token, ttl_ms))
+
+
+def node(name, registry, datacenter=1, **extra):
+    settings = {
+        "shared_preload_libraries": "'snowflake'",
+        "snowflake.worker_id": "auto",
+        "snowflake.datacenter_id": str(datacenter),
+        "snowflake.registry": registry.uri(),
+        "snowflake.claim_ttl": f"'{TTL}'",
+        "snowflake.clock_behind_action": "wait",
+        "wal_level": "replica",
+    }
+    settings.update(extra)
+    return Cluster(name, settings)
+
+
+def wait_claimed(c, timeout=30):
+    """The claimed worker id, once snowflake_stats() shows the claim held."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = c.sql("SELECT claim_status, worker_id FROM snowflake_stats()")[0]
+        if last[0] == "held":
+            return last[1]
+        time.sleep(0.05)
+    raise AssertionError(f"{c.name}: no claim, last {last}\n{c.log()[-2000:]}")
+
+
+def ids(c, n=2000):
+    return c.one("SELECT snowflake_next_batch(%s)", (n,))
+
+
+def workers_of(c, values):
+    return set(c.one("SELECT array_agg(DISTINCT (snowflake_decode(i)).worker_id) FROM unnest(%s::bigint[]) i",
+                     (values,)))
+
+
+class Writer(threading.Thread):
+    """Inserts IDs from one node in a loop, keeping every one it got; errors (55000 while
+    fenced) are counted and retried."""
+
+    def __init__(self, cluster):
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.got = []
+        self.errors = []
+        self.stop = threading.Event()
+
+    def run(self):
+        conn = self.cluster.connect()
+        while not self.stop.is_set():
+            try:
+                self.got.extend(conn.execute("SELECT snowflake_next_batch(50)").fetchone()[0])
+            except psycopg.Error as e:
+                self.errors.append(e.sqlstate)
+                time.sleep(0.02)
+            except Exception:  # noqa: BLE001  (the server was frozen or stopped)
+                time.sleep(0.05)
+                try:
+                    conn = self.cluster.connect()
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+class RegistryScenarios:
+    """The scenarios, for any registry (subclasses set make_registry)."""
+
+    def setUp(self):
+        self.registry = self.make_registry()
+        self.registry.start()
+        self.clusters = []
+
+    def tearDown(self):
+        for c in self.clusters:
+            c.destroy()
+        self.registry.stop()
+        if isinstance(self.registry, Coordinator):
+            self.registry.cluster.destroy()
+
+    def new(self, name, **kw):
+        c = node(f"{name}{free_port()}", self.registry, **kw)
+        self.clusters.append(c)
+        return c
+
+    @staticmethod
+    def up(c):
+        """Starts a node and creates the extension (a primary's standbys and clones get it
+        with the data)."""
+        c.start()
+        if not c.one("SELECT pg_is_in_recovery()"):
+            c.sql("CREATE EXTENSION IF NOT EXISTS snowflake")
+
+    def assert_unique(self, *lists):
+        everything = [i for lst in lists for i in lst]
+        self.assertEqual(len(everything), len(set(everything)), "duplicate IDs across nodes")
+
+    def test_nodes_claim_distinct_ids_and_keep_them_across_restarts(self):
+        nodes = [self.new("n") for _ in range(3)]
+        for c in nodes:
+            c.init()
+        threads = [threading.Thread(target=self.up, args=(c,)) for c in nodes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        claimed = [wait_claimed(c) for c in nodes]
+        self.assertEqual(len(set(claimed)), 3, claimed)
+        got = [ids(c) for c in nodes]
+        for c, w, g in zip(nodes, claimed, got):
+            self.assertEqual(workers_of(c, g), {w})
+        nodes[0].restart()
+        self.assertEqual(wait_claimed(nodes[0]), claimed[0], "a clean restart keeps the worker id")
+        again = ids(nodes[0])
+        self.assertEqual(workers_of(nodes[0], again), {claimed[0]})
+        self.assertGreater(min(again), max(got[0]))
+        stats = nodes[0].sql("SELECT worker_id_source, registry, claim_expires_at > now() FROM snowflake_stats()")[0]
+        self.assertEqual(stats[0], "registry")
+        self.assertTrue(stats[1].startswith(self.registry.uri().strip("'").split("@")[0]))
+        self.assertTrue(stats[2])
+        self.assert_unique(*got, again)
+
+    def test_clone_beside_its_original(self):
+        original = self.new("orig")
+        original.init()
+        self.up(original)
+        w = wait_claimed(original)
+        before = ids(original)
+        # A file-level copy: same system identifier, same settings, same claim file.
+        clone = self.new("clone")
+        clone.init_standby_of(original)
+        os.remove(os.path.join(clone.data, "standby.signal"))
+        clone.configure(port=str(clone.port))
+        self.up(clone)
+        w2 = wait_claimed(clone)
+        self.assertNotEqual(w, w2, "the clone must not share its original's worker id")
+        a, b = Writer(original), Writer(clone)
+        a.start(), b.start()
+        time.sleep(1.5)
+        a.stop.set(), b.stop.set()
+        a.join(), b.join()
+        self.assertTrue(a.got and b.got)
+        self.assertEqual(workers_of(clone, b.got), {w2})
+        self.assert_unique(before, a.got, b.got)
+
+    def test_standby_claims_at_promotion_beside_its_live_primary(self):
+        primary = self.new("primary")
+        primary.init()
+        self.up(primary)
+        w = wait_claimed(primary)
+        standby = self.new("standby")
+        standby.init_standby_of(primary)
+        standby.configure(port=str(standby.port))
+        self.up(standby)
+        standby.walreceiver_pid()
+        self.assertEqual(standby.one("SELECT claim_status FROM snowflake_stats()"), "starting")
+        with standby.connect() as conn:
+            # A standby generates nothing (read-only), and claims nothing until promoted.
+            self.assertEqual(error_of(conn, "SELECT snowflake_next()").sqlstate, "25006")
+        standby.promote()  # split brain: the primary keeps running
+        w2 = wait_claimed(standby)
+        self.assertNotEqual(w, w2)
+        a, b = Writer(primary), Writer(standby)
+        a.start(), b.start()
+        time.sleep(1.5)
+        a.stop.set(), b.stop.set()
+        a.join(), b.join()
+        self.assertEqual(workers_of(standby, b.got), {w2})
+        self.assert_unique(a.got, b.got)
+
+    def test_registry_unreachable_at_start_then_reachable(self):
+        self.registry.stop()
+        c = self.new("late")
+        c.init()
+        started = time.monotonic()
+        self.up(c)
+        self.assertLess(time.monotonic() - started, 20, "the postmaster must not stall")
+        with c.connect() as conn:
+            e = error_of(conn, "SELECT snowflake_next()")
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn("registry", e.diag.message_primary)
+        self.assertIsNotNone(e.diag.message_hint)
+        self.registry.start()
+        wait_claimed(c)
+        self.assertGreater(c.one("SELECT snowflake_next()"), 0)
+
+    def test_all_ids_taken(self):
+        c1, c2 = self.new("full", datacenter=5), self.new("over", datacenter=5)
+        c1.init(), c2.init()
+        self.up(c1)
+        wait_claimed(c1)
+        taken = c1.one("SELECT worker_id FROM snowflake_stats()")
+        for w in range(32):
+            if w != taken:
+                self.registry.hold(5, w)
+        self.up(c2)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if c2.one("SELECT claim_status FROM snowflake_stats()") == "exhausted":
+                break
+            time.sleep(0.1)
+        with c2.connect() as conn:
+            e = error_of(conn, "SELECT snowflake_next()")
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn("no free worker id in datacenter 5", e.diag.message_primary)
+        self.assertIn("All 32 worker ids", e.diag.message_detail)
+        self.assertIn("datacenter", e.diag.message_hint)
+
+
+class RedisRegistry(RegistryScenarios, unittest.TestCase):
+    make_registry = Redis
+
+    def test_registry_restarted_empty(self):
+        """Redis loses everything: holders re-assert their claims within their fence; a node
+        that starts meanwhile waits for the registry to settle, then gets an id of its own."""
+        a, b = self.new("a"), self.new("b")
+        for c in (a, b):
+            c.init()
+            self.up(c)
+        wa, wb = wait_claimed(a), wait_claimed(b)
+        newcomer = self.new("c")
+        newcomer.init()
+        writers = [Writer(a), Writer(b)]
+        for w in writers:
+            w.start()
+        time.sleep(0.5)
+        self.registry.stop()
+        self.registry.start()  # empty
+        self.up(newcomer)
+        time.sleep(0.3)
+        self.assertIn(newcomer.one("SELECT claim_status FROM snowflake_stats()"),
+                      ("settling", "starting"))
+        wc = wait_claimed(newcomer)
+        self.assertEqual((wait_claimed(a), wait_claimed(b)), (wa, wb),
+                         "live holders keep their ids after the registry lost them")
+        self.assertNotIn(wc, (wa, wb))
+        wn = Writer(newcomer)
+        wn.start()
+        time.sleep(1.0)
+        for w in writers + [wn]:
+            w.stop.set()
+            w.join()
+        self.assert_unique(*(w.got for w in writers + [wn]))
+
+    def test_registry_down_fences_then_resumes(self):
+        """A holder that cannot renew stops with 55000 before its claim could lapse, and
+        resumes by itself when the registry is back (empty)."""
+        a = self.new("a")
+        a.init()
+        self.up(a)
+        wait_claimed(a)
+        before = ids(a)
+        self.registry.stop()
+        time.sleep(TTL_S)  # past the fence (ttl / 2)
+        with a.connect() as conn:
+            # The generator's current lease may still cover a few IDs; the next renewal stops.
+            deadline = time.monotonic() + 5
+            e = None
+            while time.monotonic() < deadline and e is None:
+                try:
+                    conn.execute("SELECT snowflake_next_batch(5000)")
+                except psycopg.Error as err:
+                    e = err
+            self.assertIsNotNone(e, "a fenced node must stop issuing")
+            self.assertEqual(e.sqlstate, "55000")
+            self.assertIn("registry", e.diag.message_primary)
+        self.registry.start()
+        wait_claimed(a)
+        after = ids(a)
+        self.assert_unique(before, after)
+
+    def test_holder_frozen_past_its_claim(self):
+        """SIGSTOP the whole holder past its claim; another node is given its id (every other
+        id is taken); the frozen node wakes up. The new holder's IDs start above the frozen
+        one's cap, and the woken node moves to another id: no duplicates."""
+        a = self.new("frozen", datacenter=7)
+        a.init()
+        self.up(a)
+        wa = wait_claimed(a)
+        for w in range(32):
+            if w != wa:
+                self.registry.hold(7, w, ttl_ms=30_000)
+        writer = Writer(a)
+        writer.start()
+        time.sleep(0.5)
+        with open(os.path.join(a.data, "postmaster.pid")) as f:
+            postmaster = int(f.readline())
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True,
+                                  text=True).stdout.split()
+        pids = [postmaster] + [int(p) for p in children]
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        try:
+            time.sleep(TTL_S * 1.5)  # the claim lapses in the registry
+            b = self.new("taker", datacenter=7)
+            b.init()
+            self.up(b)
+            self.assertEqual(wait_claimed(b), wa, "the lapsed id is given to the new node")
+            got_b = ids(b, 5000)
+        finally:
+            for p in pids:
+                os.kill(p, signal.SIGCONT)
+        # The woken node is fenced; once other ids free up it claims one of them.
+        self.registry.cli("DEL", *[f"snowflake:claim:7:{w}" for w in range(32) if w != wa])
+        self.assertNotEqual(wait_claimed(a), wa)
+        time.sleep(0.5)
+        writer.stop.set()
+        writer.join()
+        got_b += ids(b, 5000)
+        self.assert_unique(writer.got, got_b)
+
+
+class PostgresCoordinator(RegistryScenarios, unittest.TestCase):
+    make_registry = Coordinator
+
+    def test_coordinator_restart_makes_newcomers_wait(self):
+        a = self.new("a")
+        a.init()
+        self.up(a)
+        wa = wait_claimed(a)
+        before = ids(a)
+        self.registry.cluster.restart()
+        newcomer = self.new("c")
+        newcomer.init()
+        self.up(newcomer)
+        wc = wait_claimed(newcomer)
+        self.assertEqual(wait_claimed(a), wa)
+        self.assertNotEqual(wa, wc)
+        table = self.registry.cluster.sql(
+            "SELECT count(*) FROM snowflake_claims WHERE holder IS NOT NULL")[0][0]
+        self.assertEqual(table, 2)
+        self.assert_unique(before, ids(a), ids(newcomer))
+
+
+if __name__ == "__main__":
+    unittest.main()
