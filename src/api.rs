@@ -201,7 +201,7 @@ fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
     } else {
         if !fence.allows(config.epoch.to_unix_ms(timestamp), waits::monotonic_ms()) {
             drop(shared);
-            return wait_for_claim(config);
+            return wait_for_claim(config, timestamp);
         }
         lease_end.min(lease_timestamp(config.epoch, fence.cap_unix_ms))
     };
@@ -211,24 +211,36 @@ fn renew_lease(config: &Config, timestamp: u64) -> errors::Result<()> {
     Ok(())
 }
 
-/// Called when the claim's fence does not cover the next ID. While the registry worker is
-/// making its first attempt (just after start or promotion), waits for it, up to one request
-/// time limit; then, or in any other state, raises the error that explains the state.
-/// Returning Ok makes the caller try again.
-fn wait_for_claim(config: &Config) -> errors::Result<()> {
+/// Called when the claim's fence does not cover `timestamp`, the next ID's. Waits while that
+/// can change soon: the registry worker is making its first attempt (just after a start or a
+/// promotion), or it holds a claim whose next renewal will move the cap past `timestamp`
+/// (an ID clock running ahead of the wall clock). Up to one claim TTL; then, or at once in
+/// any other state, raises the error that explains the state. Ok: try again.
+fn wait_for_claim(config: &Config, timestamp: u64) -> errors::Result<()> {
     let timing = gucs::claim_timing();
+    let wanted_unix_ms = config.epoch.to_unix_ms(timestamp);
     let started = waits::monotonic_ms();
     loop {
-        let claim = *shmem::CLAIM.share();
-        if claim.status == ClaimStatus::Held {
+        let fence = shmem::GENERATOR.share().fence;
+        let now_mono = waits::monotonic_ms();
+        if fence.allows(wanted_unix_ms, now_mono) {
             return Ok(());
         }
-        let waited = waits::monotonic_ms().saturating_sub(started);
-        if claim.status != ClaimStatus::Starting || waited > timing.heartbeat_ms() * 2 {
+        let claim = *shmem::CLAIM.share();
+        let waiting = matches!(claim.status, ClaimStatus::Starting | ClaimStatus::Held);
+        if !waiting || now_mono.saturating_sub(started) > timing.ttl_ms() {
             let registry = gucs::registry().map(|r| redacted(&r)).unwrap_or_default();
+            let mut detail = claim.detail();
+            if claim.status == ClaimStatus::Held {
+                detail = format!(
+                    "The claim allows IDs up to {} ms past its last renewal; the next ID's time is {} ms past this server's clock, and the claim was not renewed in time.",
+                    timing.fence_reach_ms(),
+                    wanted_unix_ms - now_unix_ms()
+                );
+            }
             return Err(errors::claim_unavailable(
                 claim.status,
-                &claim.detail(),
+                &detail,
                 &registry,
                 config.datacenter_id,
             ));
