@@ -215,6 +215,12 @@ mod tests {
             Spi::get_two::<i32, i32>("SELECT worker_id, datacenter_id FROM snowflake_stats()")
                 .unwrap();
         assert_eq!(node, (Some(7), Some(3)));
+        // A configured worker id: no registry, no claim.
+        let claim = Spi::get_three::<String, String, String>(
+            "SELECT worker_id_source, registry, claim_status FROM snowflake_stats()",
+        )
+        .unwrap();
+        assert_eq!(claim, (Some("configuration".to_string()), None, None));
     }
 
     #[pg_test]
