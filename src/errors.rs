@@ -631,3 +631,17 @@ pub fn claim_unavailable(
         ),
     }
 }
+
+/// `snowflake.registry` is set, but `snowflake.worker_id` is a number (a WARNING at start).
+pub fn registry_unused(worker_id: u8) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!(
+            "{} is set, but {} is {worker_id}: the registry is not used",
+            settings::REGISTRY,
+            settings::WORKER_ID
+        ),
+        "Only snowflake.worker_id = 'auto' claims a worker id from the registry.",
+        "Set snowflake.worker_id = 'auto' to use the registry, or remove snowflake.registry.",
+    )
+}

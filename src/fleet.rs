@@ -192,12 +192,18 @@ impl Holder {
             None => match client.claim(&request) {
                 Ok((ClaimReply::Granted { worker_id, granted }, sample)) => {
                     if let Err(skew) = claim::check_skew(&sample, self.timing) {
-                        // Not used: give it back at once (its mark keeps the cap, harmlessly).
+                        // Not used: give it back at once. A free id gets its earlier mark
+                        // back, so that a cap read from a wrong clock does not make its next
+                        // holder wait; an id this server held before keeps the new cap.
+                        let high_water = match granted {
+                            Granted::Free { high_water_unix_ms } => high_water_unix_ms.unwrap_or(0),
+                            Granted::Own => fence.cap_unix_ms,
+                        };
                         let _ = client.release(
                             self.config.datacenter_id,
                             worker_id,
                             &self.token,
-                            fence.cap_unix_ms,
+                            high_water,
                         );
                         self.report(ClaimStatus::Refused, &skew_text(skew), 0);
                         return heartbeat;

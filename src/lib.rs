@@ -63,9 +63,15 @@ fn quiet_rust_backtraces() {
 /// Logs a WARNING at server start when the settings would make generation fail, so the
 /// problem shows in the server log before the first `snowflake_next()` call.
 fn warn_about_settings() {
-    if let Err(e) = gucs::config() {
-        let err = errors::setting(&e);
-        err.warn();
+    match gucs::config() {
+        Err(e) => errors::setting(&e).warn(),
+        Ok(config) => {
+            if let settings::WorkerId::Fixed(worker_id) = config.worker_id {
+                if gucs::registry().is_some() {
+                    errors::registry_unused(worker_id).warn();
+                }
+            }
+        }
     }
 }
 
