@@ -30,3 +30,6 @@ ALTER TYPE @extschema@.snowflake_stats_row
     ADD ATTRIBUTE registry text,
     ADD ATTRIBUTE claim_status text,
     ADD ATTRIBUTE claim_expires_at timestamptz;
+-- The view was expanded to the old columns when it was created: add the new ones (at the end,
+-- as CREATE OR REPLACE VIEW allows; grants and comment stay).
+CREATE OR REPLACE VIEW @extschema@.snowflake_stats AS SELECT * FROM @extschema@.snowflake_stats();
