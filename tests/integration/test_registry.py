@@ -5,6 +5,7 @@ clone started beside its original, a standby promoted beside its live primary, a
 stopped and restarted empty, a registry unreachable at start, every id taken, and a holder
 frozen by SIGSTOP past its claim. Every scenario checks that no ID repeats across nodes."""
 
+import glob
 import os
 import signal
 import socket
@@ -141,6 +142,15 @@ def kill_server(c, sig=signal.SIGKILL):
     for p in pids:
         os.kill(p, sig)
     return pids
+
+
+def alive(pid):
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def ids(c, n=2000):
@@ -332,30 +342,20 @@ class RegistryScenarios:
         self.up(a)
         wait_claimed(a)
         before = ids(a)
-        kill_server(a)
-        time.sleep(0.2)
+        pids = kill_server(a)
+        # Wait for every process to be gone. A killed postmaster whose parent (pg_ctl) exited
+        # may stay a zombie in a container without an init that reaps: its pid then still
+        # "exists", and the stale postmaster.pid must go, as an operator would remove it.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.05)
+        for stale in [os.path.join(a.data, "postmaster.pid")] + glob.glob(os.path.join(a.dir, ".s.PGSQL.*")):
+            os.remove(stale)
         a.start()
         wait_claimed(a)
         after = ids(a)
         self.assert_unique(before, after)
         self.assertGreater(min(after), max(before))
-
-    def test_clock_far_from_the_registrys_is_refused(self):
-        """A node whose clock is 10 s off (libfaketime) gets no worker id: the registry's
-        safety after a loss of data depends on bounded skew. Fixed clock: it claims by itself."""
-        c = self.new("skewed")
-        c.init()
-        c.use_faketime("+10")
-        self.up(c)
-        wait_status(c, "refused")
-        with c.connect() as conn:
-            e = error_of(conn, "SELECT snowflake_next()")
-        self.assertEqual(e.sqlstate, "55000")
-        self.assertIn("refused this server a worker id", e.diag.message_primary)
-        self.assertIn("clock differs from the registry's", e.diag.message_detail)
-        c.set_clock_offset("+0")
-        wait_claimed(c)
-        self.assertGreater(len(set(ids(c))), 0)
 
 
 class RedisRegistry(RegistryScenarios, unittest.TestCase):
