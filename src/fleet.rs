@@ -88,7 +88,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         Err(e) => {
             holder.report(ClaimStatus::Refused, &e.0, 0);
             while BackgroundWorker::wait_latch(None) {}
-            return;
+            exit_for_restart();
         }
     };
     loop {
@@ -98,6 +98,20 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         }
     }
     holder.release(client.as_mut());
+    holder.report(
+        ClaimStatus::Starting,
+        "The registry worker is restarting.",
+        0,
+    );
+    exit_for_restart();
+}
+
+/// Ends the worker with exit code 1, so that the postmaster starts it again (after 1 s)
+/// unless the server is shutting down. Exit code 0 would unregister it for good: a
+/// `pg_terminate_backend()` of the worker must not leave the server without claims.
+fn exit_for_restart() -> ! {
+    // SAFETY: the normal way for a background worker to end.
+    unsafe { pg_sys::proc_exit(1) }
 }
 
 /// Host name and port, to tell holders apart in the registry.

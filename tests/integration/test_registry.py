@@ -358,6 +358,39 @@ class RegistryScenarios:
         self.assertGreater(min(after), max(before))
 
 
+    def test_clock_far_from_the_registrys_is_refused(self):
+        """A node whose clock is 10 s off (libfaketime) gets no worker id: the registry's
+        safety after a loss of data depends on bounded skew. Clock fixed: it claims again."""
+        c = self.new("skewed")
+        c.init()
+        c.use_faketime("+0")
+        self.up(c)
+        wait_claimed(c)
+        before = ids(c)
+        c.set_clock_offset("+10")
+        # A new libfaketime offset reaches the processes started after the change: restart
+        # the registry worker (it releases its claim on SIGTERM and comes back in 1 s).
+        def restart_worker():
+            with open(os.path.join(c.data, "postmaster.pid")) as f:
+                postmaster = f.readline().strip()
+            out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", postmaster],
+                                 capture_output=True, text=True).stdout
+            pids = [int(line.split()[0]) for line in out.splitlines() if "snowflake registry" in line]
+            self.assertEqual(len(pids), 1, out)
+            os.kill(pids[0], signal.SIGTERM)
+        restart_worker()
+        wait_status(c, "refused")
+        with c.connect() as conn:
+            e = error_of(conn, "SELECT snowflake_next()")
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn("refused this server a worker id", e.diag.message_primary)
+        self.assertIn("clock differs from the registry's", e.diag.message_detail)
+        c.set_clock_offset("+0")
+        restart_worker()
+        wait_claimed(c)
+        self.assert_unique(before, ids(c))
+
+
 class RedisRegistry(RegistryScenarios, unittest.TestCase):
     make_registry = Redis
 
