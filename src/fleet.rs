@@ -89,6 +89,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
             holder.report(ClaimStatus::Refused, &e.0, 0);
             while BackgroundWorker::wait_latch(None) {}
             exit_for_restart();
+            return;
         }
     };
     loop {
@@ -109,7 +110,8 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
 /// Ends the worker with exit code 1, so that the postmaster starts it again (after 1 s)
 /// unless the server is shutting down. Exit code 0 would unregister it for good: a
 /// `pg_terminate_backend()` of the worker must not leave the server without claims.
-fn exit_for_restart() -> ! {
+/// (PostgreSQL 18's bindings no longer declare `proc_exit` diverging, hence no `-> !`.)
+fn exit_for_restart() {
     // SAFETY: the normal way for a background worker to end.
     unsafe { pg_sys::proc_exit(1) }
 }
