@@ -28,7 +28,7 @@ COMMENT ON FUNCTION @extschema@.snowflake_format(bigint) IS
 -- creates elsewhere cannot be substituted.
 CREATE FUNCTION @extschema@.snowflake_convert_column(tbl regclass, col name)
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE plpgsql STRICT
 SET search_path = pg_catalog, pg_temp
 AS $convert$
 DECLARE
@@ -38,8 +38,14 @@ DECLARE
     fk         record;
     max_value  bigint;
     first_new  bigint;
+    rel_kind   "char";
 BEGIN
-    IF (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = tbl) NOT IN ('r', 'p') THEN
+    SELECT c.relkind INTO rel_kind FROM pg_catalog.pg_class c WHERE c.oid = tbl;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'relation with OID % does not exist', tbl::pg_catalog.oid
+            USING ERRCODE = 'undefined_table';
+    END IF;
+    IF rel_kind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '% is not a table', tbl
             USING ERRCODE = 'wrong_object_type',
                   HINT = 'snowflake_convert_column() converts a column of an ordinary or partitioned table.';
@@ -72,7 +78,9 @@ BEGIN
         kind := 'identity';
     ELSIF att.default_expr LIKE 'nextval(%' THEN
         kind := 'sequence';
-    ELSIF att.default_expr LIKE '%snowflake_next()%' THEN
+    ELSIF att.default_expr = '@extschema@.snowflake_next()'::pg_catalog.regprocedure::pg_catalog.regproc::pg_catalog.text OPERATOR(pg_catalog.||) '()' THEN
+        -- Compared by OID (regproc prints it as pg_get_expr does): a snowflake_next() of
+        -- another schema is not ours.
         RAISE NOTICE 'column "%" of relation % already defaults to snowflake_next()', col, tbl;
         RETURN;
     END IF;
@@ -110,20 +118,31 @@ BEGIN
 
     IF att.atttypid <> 'pg_catalog.int8'::pg_catalog.regtype THEN
         EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, col);
-        -- Foreign keys that reference the column must hold the new, larger values too.
-        FOR fk IN
-            SELECT c.conrelid::pg_catalog.regclass AS rel, a.attname, a.atttypid
-              FROM pg_catalog.pg_constraint c
-              CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(c.confkey), pg_catalog.unnest(c.conkey)) AS k(ref_att, own_att)
-              JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.own_att
-             WHERE c.contype = 'f' AND c.confrelid = tbl AND k.ref_att = att.attnum
-        LOOP
-            IF fk.atttypid <> 'pg_catalog.int8'::pg_catalog.regtype THEN
-                EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', fk.rel, fk.attname);
-                RAISE NOTICE 'widened %.% to bigint', fk.rel, fk.attname;
-            END IF;
-        END LOOP;
     END IF;
+    -- Foreign keys that reference the column must hold the new, larger values too, whatever
+    -- the key's own type was. A foreign key of a partitioned table is widened on the
+    -- partitioned table (which widens its partitions); its copies on the partitions are skipped.
+    FOR fk IN
+        SELECT c.conrelid::pg_catalog.regclass AS rel, a.attname, a.atttypid, a.attinhcount,
+               r.relispartition
+          FROM pg_catalog.pg_constraint c
+          CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(c.confkey), pg_catalog.unnest(c.conkey)) AS k(ref_att, own_att)
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.own_att
+          JOIN pg_catalog.pg_class r ON r.oid = c.conrelid
+         WHERE c.contype = 'f' AND c.confrelid = tbl AND k.ref_att = att.attnum
+           AND c.conparentid = 0
+    LOOP
+        IF fk.atttypid <> 'pg_catalog.int8'::pg_catalog.regtype THEN
+            IF fk.attinhcount > 0 AND NOT fk.relispartition THEN
+                RAISE EXCEPTION 'cannot widen inherited column "%" of relation %', fk.attname, fk.rel
+                    USING ERRCODE = 'feature_not_supported',
+                          DETAIL = pg_catalog.format('Its foreign key references %s.%I, which becomes bigint; the column is inherited from a parent table.', tbl, col),
+                          HINT = pg_catalog.format('Widen the column on the topmost parent table (ALTER TABLE ... ALTER COLUMN %I TYPE bigint), then call snowflake_convert_column() again.', fk.attname);
+            END IF;
+            EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', fk.rel, fk.attname);
+            RAISE NOTICE 'widened %.% to bigint', fk.rel, fk.attname;
+        END IF;
+    END LOOP;
 
     EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT @extschema@.snowflake_next()', tbl, col);
 END
@@ -137,7 +156,7 @@ COMMENT ON FUNCTION @extschema@.snowflake_convert_column(regclass, name) IS
 -- DEFAULT current_setting('cluster_name') on every node).
 CREATE FUNCTION @extschema@.snowflake_worker_collisions(tbl regclass, id_column name, origin_column name)
 RETURNS TABLE (datacenter_id integer, worker_id integer, origins text[], ids bigint)
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $collisions$
 BEGIN

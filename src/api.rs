@@ -6,12 +6,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use pgrx::callconv::{BoxRet, FcInfo};
-use pgrx::pgrx_sql_entity_graph::metadata::{
-    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
-};
 use pgrx::prelude::*;
-use pgrx::{composite_type, AllocatedByRust, PgTupleDesc};
+use pgrx::{composite_type, AllocatedByRust};
 
 use crate::claim::{ClaimStatus, Fence};
 use crate::durable::{
@@ -23,6 +19,7 @@ use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next, Resu
 use crate::gucs;
 use crate::layout::{self, Epoch, Parts};
 use crate::origin;
+use crate::rows::{cell, result_row, Int8Array};
 use crate::settings::{check_epoch_at, format_rfc3339, redacted, Config, WorkerId};
 use crate::shmem::{self, Node};
 use crate::waits;
@@ -593,12 +590,12 @@ pub const MAX_BATCH: i32 = 1_000_000;
 /// sessions get IDs in between, and a cancel is serviced between runs. PARALLEL SAFE for
 /// the same reason as `snowflake_next()`.
 #[pg_extern(volatile, parallel_safe)]
-fn snowflake_next_batch(n: i32) -> Int8Array {
+fn snowflake_next_batch(n: i32, fcinfo: pg_sys::FunctionCallInfo) -> Int8Array {
     const NAME: &str = "snowflake_next_batch";
     if !(1..=MAX_BATCH).contains(&n) {
         errors::bad_count("batch size", n, MAX_BATCH).raise(NAME);
     }
-    let mut ids = Int8Array::with_len(n as usize);
+    let mut ids = Int8Array::for_call(fcinfo, NAME, n as usize);
     // IDs are written straight into the result array: a few microseconds per run of 4,096
     // under the lock, and nothing left to build after the last millisecond.
     drive(NAME, |g, wall, policy, node| {
@@ -618,76 +615,6 @@ fn snowflake_next_batch(n: i32) -> Int8Array {
         }
     });
     ids
-}
-
-/// A one-dimensional `bigint[]` without NULLs, allocated (palloc) before generation so
-/// that IDs are written in place. pgrx's generic `Vec<i64>` return appends element by
-/// element, which costs more than generating the IDs.
-struct Int8Array {
-    array: *mut pg_sys::ArrayType,
-    len: usize,
-    filled: usize,
-}
-
-impl Int8Array {
-    /// Header: ArrayType (16 bytes), one dimension and one lower bound (4 + 4), MAXALIGNed.
-    const HEADER: usize = 24;
-
-    fn with_len(len: usize) -> Int8Array {
-        let bytes = Self::HEADER + len * 8;
-        // SAFETY: a fresh palloc of the exact size, header written field by field as
-        // PostgreSQL's construct_md_array does for a 1-D array without NULLs.
-        unsafe {
-            // Not palloc0: the data area is written while generating, so its page faults
-            // fall into the generator's idle time instead of before it.
-            let array = pg_sys::palloc(bytes).cast::<pg_sys::ArrayType>();
-            array.cast::<u8>().write_bytes(0, Self::HEADER);
-            pgrx::set_varsize_4b(array.cast(), bytes as i32);
-            (*array).ndim = 1;
-            (*array).dataoffset = 0;
-            (*array).elemtype = pg_sys::INT8OID;
-            let dims = array.cast::<u8>().add(16).cast::<i32>();
-            dims.write(len as i32);
-            dims.add(1).write(1);
-            Int8Array {
-                array,
-                len,
-                filled: 0,
-            }
-        }
-    }
-
-    fn remaining(&self) -> usize {
-        self.len - self.filled
-    }
-
-    #[inline]
-    fn push(&mut self, value: i64) {
-        assert!(self.filled < self.len, "array overflow");
-        // SAFETY: in bounds (checked above); the data area starts at HEADER, 8-aligned.
-        unsafe {
-            let data = self.array.cast::<u8>().add(Self::HEADER).cast::<i64>();
-            data.add(self.filled).write(value);
-        }
-        self.filled += 1;
-    }
-}
-
-// SAFETY: the same SQL type as Vec<i64> (bigint[]), which box_into produces.
-unsafe impl SqlTranslatable for Int8Array {
-    const TYPE_IDENT: &'static str = <Vec<i64> as SqlTranslatable>::TYPE_IDENT;
-    const TYPE_ORIGIN: TypeOrigin = <Vec<i64> as SqlTranslatable>::TYPE_ORIGIN;
-    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> =
-        <Vec<i64> as SqlTranslatable>::ARGUMENT_SQL;
-    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = <Vec<i64> as SqlTranslatable>::RETURN_SQL;
-}
-
-// SAFETY: returns the completed int8[] datum, allocated in the caller's memory context.
-unsafe impl BoxRet for Int8Array {
-    unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
-        assert_eq!(self.filled, self.len, "batch not filled");
-        unsafe { fcinfo.return_raw_datum(pg_sys::Datum::from(self.array)) }
-    }
 }
 
 /// The first of `n` contiguous IDs (first, first+1, ..., first+n-1), all in one millisecond
@@ -750,16 +677,15 @@ fn parts_row(
     function: &'static str,
     parts: &ForeignParts,
 ) -> PgHeapTuple<'static, AllocatedByRust> {
-    // Column order of snowflake_parts (sql/types.sql).
     result_row(
         fcinfo,
         function,
         [
-            unix_ms_to_timestamptz(parts.unix_ms).into_datum(),
-            parts.unix_ms.into_datum(),
-            parts.datacenter_id.into_datum(),
-            parts.worker_id.into_datum(),
-            parts.sequence.into_datum(),
+            cell("ts", unix_ms_to_timestamptz(parts.unix_ms)),
+            cell("unix_ms", parts.unix_ms),
+            cell("datacenter_id", parts.datacenter_id),
+            cell("worker_id", parts.worker_id),
+            cell("sequence", parts.sequence),
         ],
     )
 }
@@ -809,39 +735,6 @@ fn snowflake_format(id: i64) -> pgrx::JsonB {
         sequence: parts.sequence,
     };
     pgrx::JsonB(serde_json::to_value(formatted).unwrap_or_default())
-}
-
-/// A row of the function's declared composite result type from `datums`, which must
-/// match its column types in order.
-fn result_row<const N: usize>(
-    fcinfo: pg_sys::FunctionCallInfo,
-    function: &'static str,
-    datums: [Option<pg_sys::Datum>; N],
-) -> PgHeapTuple<'static, AllocatedByRust> {
-    let tupdesc = result_tupdesc(fcinfo, function);
-    // SAFETY: callers pass the datums of their declared result type's columns, in order.
-    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
-        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(function))
-}
-
-/// The tuple descriptor of the function's declared result type, looked up from the call
-/// itself rather than by name, so that `search_path` cannot substitute another type.
-fn result_tupdesc(
-    fcinfo: pg_sys::FunctionCallInfo,
-    function: &'static str,
-) -> PgTupleDesc<'static> {
-    let mut type_oid = pg_sys::InvalidOid;
-    // SAFETY: fcinfo is the live call's; a NULL tupdesc output is allowed.
-    let class =
-        unsafe { pg_sys::get_call_result_type(fcinfo, &mut type_oid, std::ptr::null_mut()) };
-    if class != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
-        SnowflakeError::internal(format!("{function} must return a composite type"))
-            .raise(function);
-    }
-    PgTupleDesc::for_composite_type_by_oid(type_oid).unwrap_or_else(|| {
-        SnowflakeError::internal(format!("type {type_oid:?} is not a composite type"))
-            .raise(function)
-    })
 }
 
 /// The time an ID was generated (millisecond precision).
@@ -915,36 +808,36 @@ fn snowflake_stats(
     };
     let events = generator.events();
     let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
-    // Column order of snowflake_stats_row (sql/types.sql).
-    let datums = [
-        worker_id.into_datum(),
-        config.map(|c| i32::from(c.datacenter_id)).into_datum(),
-        epoch
-            .map(|e| unix_ms_to_timestamptz(e.unix_ms()))
-            .into_datum(),
-        last_issued_ms.map(unix_ms_to_timestamptz).into_datum(),
-        last_issued_ms
-            .map(|ms| (ms - now).max(0))
-            .unwrap_or(0)
-            .into_datum(),
-        lease_end_ms.map(unix_ms_to_timestamptz).into_datum(),
-        as_i64(events.issued).into_datum(),
-        as_i64(events.exhaustions).into_datum(),
-        as_i64(events.steps_back).into_datum(),
-        as_i64(events.largest_step_back_ms).into_datum(),
-        as_i64(durable_state.lease_writes).into_datum(),
-        as_i64(waits).into_datum(),
-        config
-            .map(|_| if auto { "registry" } else { "configuration" })
-            .into_datum(),
-        gucs::registry()
-            .filter(|_| auto)
-            .map(|r| redacted(&r))
-            .into_datum(),
-        auto.then(|| claim.status.name()).into_datum(),
-        (auto && claim.status == ClaimStatus::Held && claim.expires_unix_ms > 0)
-            .then(|| unix_ms_to_timestamptz(claim.expires_unix_ms))
-            .into_datum(),
+    let cells = [
+        cell("worker_id", worker_id),
+        cell("datacenter_id", config.map(|c| i32::from(c.datacenter_id))),
+        cell("epoch", epoch.map(|e| unix_ms_to_timestamptz(e.unix_ms()))),
+        cell("last_issued", last_issued_ms.map(unix_ms_to_timestamptz)),
+        cell(
+            "drift_ms",
+            last_issued_ms.map(|ms| (ms - now).max(0)).unwrap_or(0),
+        ),
+        cell("lease_end", lease_end_ms.map(unix_ms_to_timestamptz)),
+        cell("ids_issued", as_i64(events.issued)),
+        cell("sequence_exhaustions", as_i64(events.exhaustions)),
+        cell("clock_steps_back", as_i64(events.steps_back)),
+        cell("largest_step_back_ms", as_i64(events.largest_step_back_ms)),
+        cell("lease_writes", as_i64(durable_state.lease_writes)),
+        cell("waits", as_i64(waits)),
+        cell(
+            "worker_id_source",
+            config.map(|_| if auto { "registry" } else { "configuration" }),
+        ),
+        cell(
+            "registry",
+            gucs::registry().filter(|_| auto).map(|r| redacted(&r)),
+        ),
+        cell("claim_status", auto.then(|| claim.status.name())),
+        cell(
+            "claim_expires_at",
+            (auto && claim.status == ClaimStatus::Held && claim.expires_unix_ms > 0)
+                .then(|| unix_ms_to_timestamptz(claim.expires_unix_ms)),
+        ),
     ];
-    result_row(fcinfo, NAME, datums)
+    result_row(fcinfo, NAME, cells)
 }

@@ -429,6 +429,16 @@ pub fn origin_table_unreadable(reason: &str) -> SnowflakeError {
     )
 }
 
+/// A row of `snowflake_origin` records an epoch no server can have been configured with.
+pub fn origin_row_invalid(epoch_unix_ms: i64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        "table snowflake_origin holds an invalid epoch",
+        format!("epoch_unix_ms = {epoch_unix_ms} is outside the range snowflake.epoch allows (Unix time 0 to 9999-12-31). The table records which cluster issued this database's IDs and with which epoch; no ID was issued."),
+        "The table was edited: restore the row from a backup, or set epoch_unix_ms to the epoch the IDs were made with (see the README, \"Upgrades and restores\").",
+    )
+}
+
 /// The origins file could not be read or written.
 pub fn origins_file(err: &io::Error, writing: bool) -> SnowflakeError {
     data_file(
@@ -643,5 +653,27 @@ pub fn registry_unused(worker_id: u8) -> SnowflakeError {
         ),
         "Only snowflake.worker_id = 'auto' claims a worker id from the registry.",
         "Set snowflake.worker_id = 'auto' to use the registry, or remove snowflake.registry.",
+    )
+}
+
+/// A composite result type of the extension was altered (its attributes no longer match
+/// the row the function builds). Forming the row anyway would crash the server.
+pub fn altered_row_type(type_name: &str, detail: String) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+        format!("type {type_name} does not match the snowflake extension"),
+        detail,
+        format!("Undo the ALTER TYPE on {type_name}, or recreate the extension (DROP EXTENSION snowflake; CREATE EXTENSION snowflake)."),
+    )
+}
+
+/// A function of this library was declared (by hand, as a C function) with another result
+/// type than the one it produces.
+pub fn wrong_result_type(function: &str, declared: &str, produced: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+        format!("function {function} is declared to return {declared}"),
+        format!("The library's {function}() returns {produced}."),
+        "Recreate the extension (DROP EXTENSION snowflake; CREATE EXTENSION snowflake) instead of declaring its functions by hand.",
     )
 }

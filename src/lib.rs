@@ -21,6 +21,7 @@ mod fleet;
 pub mod gucs;
 mod origin;
 mod registry;
+mod rows;
 pub mod shmem;
 mod waits;
 mod wal;

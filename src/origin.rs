@@ -62,6 +62,9 @@ pub(crate) fn rows() -> Result<Vec<OriginRow>, SnowflakeError> {
             let sysid = row.get::<i64>(1).map_err(unreadable)?;
             let epoch = row.get::<i64>(2).map_err(unreadable)?;
             if let (Some(sysid), Some(epoch)) = (sysid, epoch) {
+                if Epoch::from_unix_ms(epoch).is_none() {
+                    return Err(errors::origin_row_invalid(epoch));
+                }
                 rows.push(OriginRow {
                     // The SQL bigint holds the unsigned identifier's bits.
                     system_identifier: sysid as u64,

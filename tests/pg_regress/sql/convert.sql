@@ -59,6 +59,37 @@ SELECT snowflake_convert_column('huge', 'id');
 \echo SQLSTATE :SQLSTATE
 \set VERBOSITY default
 
+-- A relation that does not exist (OID 0), NULL arguments (STRICT: nothing happens).
+SELECT snowflake_convert_column(0, 'id');
+\echo SQLSTATE :SQLSTATE
+SELECT snowflake_convert_column(NULL, 'id') IS NULL AS nothing_done;
+
+-- An integer foreign key to a bigint key is widened; so is one of a partitioned table.
+CREATE TABLE big_key (id bigserial PRIMARY KEY);
+CREATE TABLE int_fk (k integer REFERENCES big_key);
+CREATE TABLE part_fk (k integer REFERENCES big_key, p int) PARTITION BY RANGE (p);
+CREATE TABLE part_fk_1 PARTITION OF part_fk FOR VALUES FROM (0) TO (10);
+SELECT snowflake_convert_column('big_key', 'id');
+SELECT attrelid::regclass, format_type(atttypid, NULL) FROM pg_attribute
+ WHERE attrelid IN ('int_fk'::regclass, 'part_fk'::regclass, 'part_fk_1'::regclass) AND attname = 'k'
+ ORDER BY 1;
+
+-- A foreign-key column inherited from a parent (legacy inheritance) is refused up front.
+CREATE TABLE inh_key (id serial PRIMARY KEY);
+CREATE TABLE inh_base (k integer);
+CREATE TABLE inh_heir (FOREIGN KEY (k) REFERENCES inh_key) INHERITS (inh_base);
+SELECT snowflake_convert_column('inh_key', 'id');
+\echo SQLSTATE :SQLSTATE
+
+-- Another schema's snowflake_next() is not ours.
+CREATE SCHEMA fake;
+CREATE FUNCTION fake.snowflake_next() RETURNS bigint LANGUAGE sql AS 'SELECT 42::bigint';
+CREATE TABLE faked (id bigint DEFAULT fake.snowflake_next());
+SELECT snowflake_convert_column('faked', 'id');
+\echo SQLSTATE :SQLSTATE
+
+DROP TABLE int_fk, part_fk, big_key, inh_heir, inh_base, inh_key, faked;
+DROP SCHEMA fake CASCADE;
 DROP TABLE child, parent_serial, ident, uses_shared_1, other CASCADE;
 DROP TABLE huge;
 DROP SEQUENCE shared_seq;

@@ -49,3 +49,15 @@ SELECT snowflake_from_timestamp('infinity');
 \echo SQLSTATE :SQLSTATE
 SELECT snowflake_from_timestamp('-infinity');
 \echo SQLSTATE :SQLSTATE
+
+-- An altered result type is an error naming the attribute (it crashed the server before
+-- 0.3.0), and works again once restored.
+ALTER TYPE snowflake_parts ALTER ATTRIBUTE worker_id TYPE text;
+SELECT (snowflake_decode(1541815603606036480)).worker_id;
+\echo SQLSTATE :SQLSTATE
+ALTER TYPE snowflake_parts ALTER ATTRIBUTE worker_id TYPE integer;
+ALTER TYPE snowflake_parts ADD ATTRIBUTE extra integer;
+SELECT snowflake_decode(1541815603606036480, 'discord');
+\echo SQLSTATE :SQLSTATE
+ALTER TYPE snowflake_parts DROP ATTRIBUTE extra;
+SELECT snowflake_decode(1541815603606036480);

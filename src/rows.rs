@@ -1,0 +1,346 @@
+//! Result values whose shape comes from the catalog: composite rows (`snowflake_parts`,
+//! `snowflake_stats_row`) and the `bigint[]` of `snowflake_next_batch()`.
+//!
+//! The owner of a type can alter it (`ALTER TYPE ... ALTER ATTRIBUTE ... TYPE text`), and a
+//! row formed with datums of the old types would make PostgreSQL read an integer as a
+//! pointer. So every row is checked against the type's current descriptor, attribute by
+//! attribute, before it is formed; a mismatch is a 42804 error, never a crash.
+
+use pgrx::callconv::{BoxRet, FcInfo};
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
+};
+use pgrx::prelude::*;
+use pgrx::{AllocatedByRust, PgTupleDesc};
+
+use crate::errors::{self, SnowflakeError};
+
+/// One attribute of a result row: its name, the type of the value the extension puts
+/// there, and the value.
+pub(crate) struct Cell {
+    name: &'static str,
+    type_oid: pg_sys::Oid,
+    datum: Option<pg_sys::Datum>,
+}
+
+/// The attribute `name` holding `value`; its SQL type is the Rust type's, so the check
+/// below compares what is really stored, not a column list kept by hand.
+pub(crate) fn cell<T: IntoDatum>(name: &'static str, value: T) -> Cell {
+    Cell {
+        name,
+        type_oid: T::type_oid(),
+        datum: value.into_datum(),
+    }
+}
+
+/// One attribute of a row type as the catalog describes it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Attribute {
+    pub name: String,
+    pub type_oid: u32,
+    pub dropped: bool,
+}
+
+/// How a row type differs from the row the extension builds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Mismatch {
+    /// The type has `found` live attributes; the extension builds `expected`.
+    Count { found: usize, expected: usize },
+    /// The live attribute at `position` (1-based, dropped ones not counted) differs.
+    Attribute {
+        position: usize,
+        found: (String, u32),
+        expected: (&'static str, u32),
+    },
+}
+
+/// Where each of `expected` goes among `attributes` (dropped attributes stay NULL), or how
+/// the two differ. Attributes must match in order, by name and exact type.
+pub(crate) fn placement(
+    attributes: &[Attribute],
+    expected: &[(&'static str, u32)],
+) -> Result<Vec<usize>, Mismatch> {
+    let live: Vec<usize> = (0..attributes.len())
+        .filter(|&i| !attributes[i].dropped)
+        .collect();
+    if live.len() != expected.len() {
+        return Err(Mismatch::Count {
+            found: live.len(),
+            expected: expected.len(),
+        });
+    }
+    for (position, (&index, &(name, type_oid))) in live.iter().zip(expected).enumerate() {
+        let attribute = &attributes[index];
+        if attribute.name != name || attribute.type_oid != type_oid {
+            return Err(Mismatch::Attribute {
+                position: position + 1,
+                found: (attribute.name.clone(), attribute.type_oid),
+                expected: (name, type_oid),
+            });
+        }
+    }
+    Ok(live)
+}
+
+/// A row of the calling function's declared result type holding `cells`, after checking
+/// that the type still has exactly these attributes with these types.
+pub(crate) fn result_row<const N: usize>(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &'static str,
+    cells: [Cell; N],
+) -> PgHeapTuple<'static, AllocatedByRust> {
+    let tupdesc = result_tupdesc(fcinfo, function);
+    let attributes: Vec<Attribute> = tupdesc
+        .iter()
+        .map(|a| Attribute {
+            name: a.name().to_string(),
+            type_oid: a.atttypid.to_u32(),
+            dropped: a.is_dropped(),
+        })
+        .collect();
+    let expected = cells.each_ref().map(|c| (c.name, c.type_oid.to_u32()));
+    let live = placement(&attributes, &expected)
+        .unwrap_or_else(|m| altered(tupdesc.oid(), function, &m).raise(function));
+    let mut datums: Vec<Option<pg_sys::Datum>> = vec![None; attributes.len()];
+    for (index, cell) in live.into_iter().zip(cells) {
+        datums[index] = cell.datum;
+    }
+    // SAFETY: every live attribute has just been checked to have the exact type of the
+    // datum placed in it; dropped attributes are NULL.
+    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
+        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(function))
+}
+
+/// The tuple descriptor of the function's declared result type, looked up from the call
+/// itself rather than by name, so that `search_path` cannot substitute another type.
+fn result_tupdesc(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &'static str,
+) -> PgTupleDesc<'static> {
+    let mut type_oid = pg_sys::InvalidOid;
+    // SAFETY: fcinfo is the live call's; a NULL tupdesc output is allowed.
+    let class =
+        unsafe { pg_sys::get_call_result_type(fcinfo, &mut type_oid, std::ptr::null_mut()) };
+    let tupdesc = (class == pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE)
+        .then(|| PgTupleDesc::for_composite_type_by_oid(type_oid))
+        .flatten();
+    tupdesc.unwrap_or_else(|| {
+        errors::wrong_result_type(function, &type_name(type_oid), "a composite type")
+            .raise(function)
+    })
+}
+
+/// Refuses a call whose function is declared with another result type than `expected`
+/// (a C function created by hand over this library's symbol).
+pub(crate) fn check_result_type(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &'static str,
+    expected: pg_sys::Oid,
+) {
+    // SAFETY: fcinfo and its flinfo belong to the live call.
+    let declared = unsafe { pg_sys::get_func_rettype((*(*fcinfo).flinfo).fn_oid) };
+    if declared != expected {
+        errors::wrong_result_type(function, &type_name(declared), &type_name(expected))
+            .raise(function);
+    }
+}
+
+/// The type's name as PostgreSQL prints it (schema-qualified when not visible).
+fn type_name(type_oid: pg_sys::Oid) -> String {
+    if type_oid == pg_sys::InvalidOid {
+        return "an unknown type".to_string();
+    }
+    // SAFETY: format_type_be returns a palloc'd C string for any OID (or "???").
+    unsafe {
+        std::ffi::CStr::from_ptr(pg_sys::format_type_be(type_oid))
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+fn altered(row_type: pg_sys::Oid, function: &str, mismatch: &Mismatch) -> SnowflakeError {
+    let type_of = |oid: u32| type_name(pg_sys::Oid::from(oid));
+    let detail = match mismatch {
+        Mismatch::Count { found, expected } => format!(
+            "The type has {found} attribute(s), but {function}() returns {expected}."
+        ),
+        Mismatch::Attribute {
+            position,
+            found,
+            expected,
+        } => format!(
+            "Attribute {position} is \"{}\" of type {}, but {function}() returns \"{}\" of type {} there.",
+            found.0,
+            type_of(found.1),
+            expected.0,
+            type_of(expected.1)
+        ),
+    };
+    errors::altered_row_type(&type_name(row_type), detail)
+}
+
+/// A one-dimensional `bigint[]` without NULLs, allocated (palloc) before generation so
+/// that IDs are written in place. pgrx's generic `Vec<i64>` return appends element by
+/// element, which costs more than generating the IDs.
+pub(crate) struct Int8Array {
+    array: *mut pg_sys::ArrayType,
+    len: usize,
+    filled: usize,
+}
+
+impl Int8Array {
+    /// Header: ArrayType (16 bytes), one dimension and one lower bound (4 + 4), MAXALIGNed.
+    const HEADER: usize = 24;
+
+    /// An array of `len` elements still to be filled, for a call of `function` whose
+    /// declared result type is checked to be `bigint[]` first.
+    pub(crate) fn for_call(
+        fcinfo: pg_sys::FunctionCallInfo,
+        function: &'static str,
+        len: usize,
+    ) -> Int8Array {
+        check_result_type(fcinfo, function, pg_sys::INT8ARRAYOID);
+        let bytes = Self::HEADER + len * 8;
+        // SAFETY: a fresh palloc of the exact size, header written field by field as
+        // PostgreSQL's construct_md_array does for a 1-D array without NULLs.
+        unsafe {
+            // Not palloc0: the data area is written while generating, so its page faults
+            // fall into the generator's idle time instead of before it.
+            let array = pg_sys::palloc(bytes).cast::<pg_sys::ArrayType>();
+            array.cast::<u8>().write_bytes(0, Self::HEADER);
+            pgrx::set_varsize_4b(array.cast(), bytes as i32);
+            (*array).ndim = 1;
+            (*array).dataoffset = 0;
+            (*array).elemtype = pg_sys::INT8OID;
+            let dims = array.cast::<u8>().add(16).cast::<i32>();
+            dims.write(len as i32);
+            dims.add(1).write(1);
+            Int8Array {
+                array,
+                len,
+                filled: 0,
+            }
+        }
+    }
+
+    /// Elements still to be written.
+    pub(crate) fn remaining(&self) -> usize {
+        self.len - self.filled
+    }
+
+    /// Writes the next element.
+    #[inline]
+    pub(crate) fn push(&mut self, value: i64) {
+        assert!(self.filled < self.len, "array overflow");
+        // SAFETY: in bounds (checked above); the data area starts at HEADER, 8-aligned.
+        unsafe {
+            let data = self.array.cast::<u8>().add(Self::HEADER).cast::<i64>();
+            data.add(self.filled).write(value);
+        }
+        self.filled += 1;
+    }
+}
+
+// SAFETY: the same SQL type as Vec<i64> (bigint[]), which box_into produces.
+unsafe impl SqlTranslatable for Int8Array {
+    const TYPE_IDENT: &'static str = <Vec<i64> as SqlTranslatable>::TYPE_IDENT;
+    const TYPE_ORIGIN: TypeOrigin = <Vec<i64> as SqlTranslatable>::TYPE_ORIGIN;
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> =
+        <Vec<i64> as SqlTranslatable>::ARGUMENT_SQL;
+    const RETURN_SQL: Result<ReturnsRef, ReturnsError> = <Vec<i64> as SqlTranslatable>::RETURN_SQL;
+}
+
+// SAFETY: returns the completed int8[] datum, allocated in the caller's memory context.
+unsafe impl BoxRet for Int8Array {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        assert_eq!(self.filled, self.len, "batch not filled");
+        unsafe { fcinfo.return_raw_datum(pg_sys::Datum::from(self.array)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(name: &str, type_oid: u32, dropped: bool) -> Attribute {
+        Attribute {
+            name: name.to_string(),
+            type_oid,
+            dropped,
+        }
+    }
+
+    const EXPECTED: [(&str, u32); 3] = [("a", 20), ("b", 23), ("c", 25)];
+
+    #[test]
+    fn exact_shape_places_in_order() {
+        let attrs = [
+            attr("a", 20, false),
+            attr("b", 23, false),
+            attr("c", 25, false),
+        ];
+        assert_eq!(placement(&attrs, &EXPECTED), Ok(vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn dropped_attributes_are_skipped() {
+        let attrs = [
+            attr("a", 20, false),
+            attr("........pg.dropped.2........", 0, true),
+            attr("b", 23, false),
+            attr("c", 25, false),
+        ];
+        assert_eq!(placement(&attrs, &EXPECTED), Ok(vec![0, 2, 3]));
+    }
+
+    #[test]
+    fn changed_type_name_or_count_is_refused() {
+        let retyped = [
+            attr("a", 20, false),
+            attr("b", 25, false),
+            attr("c", 25, false),
+        ];
+        assert_eq!(
+            placement(&retyped, &EXPECTED),
+            Err(Mismatch::Attribute {
+                position: 2,
+                found: ("b".to_string(), 25),
+                expected: ("b", 23)
+            })
+        );
+        let renamed = [
+            attr("a", 20, false),
+            attr("x", 23, false),
+            attr("c", 25, false),
+        ];
+        assert!(matches!(
+            placement(&renamed, &EXPECTED),
+            Err(Mismatch::Attribute { position: 2, .. })
+        ));
+        let added = [
+            attr("a", 20, false),
+            attr("b", 23, false),
+            attr("c", 25, false),
+            attr("d", 25, false),
+        ];
+        assert_eq!(
+            placement(&added, &EXPECTED),
+            Err(Mismatch::Count {
+                found: 4,
+                expected: 3
+            })
+        );
+        let dropped = [
+            attr("a", 20, false),
+            attr("b", 23, true),
+            attr("c", 25, false),
+        ];
+        assert_eq!(
+            placement(&dropped, &EXPECTED),
+            Err(Mismatch::Count {
+                found: 2,
+                expected: 3
+            })
+        );
+    }
+}
