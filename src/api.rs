@@ -72,6 +72,9 @@ fn first_generation_config(function: &'static str) -> errors::Result<Config> {
         return Err(errors::not_preloaded(function));
     }
     let config = gucs::config().map_err(|e| errors::setting(&e))?;
+    if let Some(rejected) = gucs::rejected_at_start() {
+        return Err(errors::setting(&rejected));
+    }
     // SAFETY: plain function call; cheap once recovery has ended (cached in the backend).
     if unsafe { pg_sys::RecoveryInProgress() } {
         return Err(errors::in_recovery(function));
@@ -408,6 +411,7 @@ const MAX_RENEWALS_PER_CALL: u32 = 8;
 fn attempt(
     config: &Config,
     policy: ClockPolicy,
+    bulk: bool,
     take: &mut impl FnMut(&mut Generator, u64, Node) -> Result<Took, GenerateError>,
 ) -> (Pending, Option<errors::ClockWarning>) {
     let mut shared = shmem::GENERATOR.exclusive();
@@ -429,7 +433,13 @@ fn attempt(
     let new_event = events.steps_back != shared.noticed.steps_back
         || events.exhaustions != shared.noticed.exhaustions;
     let mut report = false;
-    if new_event {
+    // A batch that asked for more than one millisecond's worth exhausts milliseconds by
+    // design: only a step back is news then.
+    let expected = bulk && events.steps_back == shared.noticed.steps_back;
+    if new_event && expected {
+        shared.noticed = events;
+        shared.warned = events;
+    } else if new_event {
         shared.noticed = events;
         let interval = gucs::warning_interval_ms() as u64;
         report = shared.warnings.allow(waits::monotonic_ms(), interval);
@@ -455,10 +465,12 @@ fn attempt(
 }
 
 /// Runs `take` under the generator's lock until it has issued everything it wants (it
-/// returns `Took::All`). Between attempts, with no lock held, services interrupts, waits for
+/// returns `Took::All`). `bulk`: the call asked for more than one millisecond's worth of
+/// IDs, so exhausted milliseconds are expected and not warned about. Between attempts, with no lock held, services interrupts, waits for
 /// the clock or the standbys, or extends the durable lease, as asked; raises the errors.
 fn drive(
     function: &'static str,
+    bulk: bool,
     mut take: impl FnMut(&mut Generator, u64, ClockPolicy, Node) -> Result<Took, GenerateError>,
 ) {
     let config = generation_config(function).unwrap_or_else(|e| e.raise(function));
@@ -466,9 +478,9 @@ fn drive(
     let mut take = |g: &mut Generator, wall: u64, node: Node| take(g, wall, policy, node);
     let mut renewals = 0;
     loop {
-        let (pending, warning) = attempt(&config, policy, &mut take);
+        let (pending, warning) = attempt(&config, policy, bulk, &mut take);
         if let Some(w) = warning {
-            w.report();
+            w.report(function);
         }
         let step = match pending {
             Pending::Done => return,
@@ -516,7 +528,7 @@ fn drive_one(
     mut step: impl FnMut(&mut Generator, u64, ClockPolicy) -> Result<Next, GenerateError>,
 ) -> (Node, Issued) {
     let mut issued = None;
-    drive(function, |g, wall, policy, node| {
+    drive(function, false, |g, wall, policy, node| {
         match step(g, wall, policy)? {
             Next::Issued(run) => {
                 issued = Some((node, run));
@@ -598,7 +610,7 @@ fn snowflake_next_batch(n: i32, fcinfo: pg_sys::FunctionCallInfo) -> Int8Array {
     let mut ids = Int8Array::for_call(fcinfo, NAME, n as usize);
     // IDs are written straight into the result array: a few microseconds per run of 4,096
     // under the lock, and nothing left to build after the last millisecond.
-    drive(NAME, |g, wall, policy, node| {
+    drive(NAME, n > 4096, |g, wall, policy, node| {
         let want = ids.remaining().min(4096) as u16;
         match g.next_run(wall, policy, want, false)? {
             Next::Issued(run) => {

@@ -86,6 +86,71 @@ pub struct StateFile {
     pub peer: Option<PeerClock>,
 }
 
+/// Largest lease reach any setting allows (3 h: drift, window and widening of 1 h each),
+/// with room to spare; a larger recorded reach is damage, not configuration.
+const MAX_RECORDED_REACH_MS: i64 = 24 * 3_600_000;
+/// Largest clock lead of a primary a standby may have recorded (±100 years).
+const MAX_RECORDED_LEAD_MS: i64 = 100 * 365 * 86_400_000;
+
+impl StateFile {
+    /// Every field within what a server can have written: a layout that fits 63 bits with an
+    /// epoch `snowflake.epoch` accepts, a lease inside that layout's time range, and clock
+    /// readings that are dates. A file that fails this was damaged or edited, and nothing in
+    /// it may be trusted (a lease near `i64::MAX` would otherwise read as 1969).
+    pub fn check(&self) -> Result<(), String> {
+        let layout = &self.layout;
+        let bits = [
+            ("timestamp_bits", layout.timestamp_bits),
+            ("datacenter_bits", layout.datacenter_bits),
+            ("worker_bits", layout.worker_bits),
+            ("sequence_bits", layout.sequence_bits),
+        ];
+        let total: u64 = bits.iter().map(|(_, b)| u64::from(*b)).sum();
+        if total > 63 || layout.timestamp_bits == 0 {
+            let listed: Vec<String> = bits.iter().map(|(n, b)| format!("{n} = {b}")).collect();
+            return Err(format!("{} is not a layout of 63 bits", listed.join(", ")));
+        }
+        let unix_ms = |name: &str, ms: i64| {
+            if (0..=Epoch::MAX_UNIX_MS).contains(&ms) {
+                Ok(())
+            } else {
+                Err(format!("{name} = {ms} is not a time between 1970 and 9999"))
+            }
+        };
+        unix_ms("layout.epoch_ms", layout.epoch_ms)?;
+        let range_end = layout.epoch_ms + (1i64 << layout.timestamp_bits);
+        let lease = self.lease_end_unix_ms;
+        if lease != 0 && !(layout.epoch_ms..=range_end + MAX_RECORDED_REACH_MS).contains(&lease) {
+            return Err(format!(
+                "lease_end_unix_ms = {lease} is outside the layout's time range ({} to {range_end})",
+                layout.epoch_ms
+            ));
+        }
+        unix_ms("written_unix_ms", self.written_unix_ms)?;
+        let reach = |name: &str, ms: i64| {
+            if (0..=MAX_RECORDED_REACH_MS).contains(&ms) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{name} = {ms} is not a lease reach (0 to {MAX_RECORDED_REACH_MS} ms)"
+                ))
+            }
+        };
+        reach("reach_cap_ms", self.reach_cap_ms)?;
+        if let Some(peer) = self.peer {
+            reach("peer.reach_cap_ms", peer.reach_cap_ms)?;
+            unix_ms("peer.observed_unix_ms", peer.observed_unix_ms)?;
+            if peer.lead_ms.unsigned_abs() > MAX_RECORDED_LEAD_MS as u64 {
+                return Err(format!(
+                    "peer.lead_ms = {} is not a clock difference",
+                    peer.lead_ms
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a standby saw of its primary's clock, as of the last lease it replayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerClock {
@@ -369,6 +434,15 @@ pub fn read(data_dir: &Path) -> io::Result<Option<StateFile>> {
     let Some(state) = read_json::<StateFile>(data_dir, STATE_FILE, "state file")? else {
         return Ok(None);
     };
+    if let Err(problem) = state.check() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "\"{}\" holds an impossible value: {problem}",
+                path.display()
+            ),
+        ));
+    }
     if state.format != FORMAT_VERSION {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -636,6 +710,84 @@ mod tests {
             timeline: 1,
             reach_cap_ms: 2_000,
         }
+    }
+
+    #[test]
+    fn impossible_state_files_are_refused_on_read() {
+        let good = StateFile::own(&record(1_795_324_179_240));
+        assert_eq!(good.check(), Ok(()));
+        let fresh = StateFile {
+            lease_end_unix_ms: 0,
+            written_unix_ms: 0,
+            reach_cap_ms: 0,
+            ..good.clone()
+        };
+        assert_eq!(fresh.check(), Ok(()));
+        let twitter = LayoutRecord::current(Epoch::TWITTER);
+        let damaged = [
+            StateFile {
+                lease_end_unix_ms: i64::MAX - 5,
+                ..good.clone()
+            },
+            StateFile {
+                lease_end_unix_ms: -1,
+                ..good.clone()
+            },
+            StateFile {
+                lease_end_unix_ms: twitter.epoch_ms - 1,
+                ..good.clone()
+            },
+            StateFile {
+                written_unix_ms: i64::MIN,
+                ..good.clone()
+            },
+            StateFile {
+                reach_cap_ms: -1,
+                ..good.clone()
+            },
+            StateFile {
+                layout: LayoutRecord {
+                    sequence_bits: 13,
+                    ..twitter
+                },
+                ..good.clone()
+            },
+            StateFile {
+                layout: LayoutRecord {
+                    timestamp_bits: u32::MAX,
+                    ..twitter
+                },
+                ..good.clone()
+            },
+            StateFile {
+                layout: LayoutRecord {
+                    epoch_ms: -1,
+                    ..twitter
+                },
+                ..good.clone()
+            },
+            StateFile {
+                peer: Some(PeerClock {
+                    lead_ms: i64::MIN,
+                    observed_unix_ms: 1_795_324_179_240,
+                    reach_cap_ms: 2_000,
+                }),
+                ..good.clone()
+            },
+        ];
+        let dir = temp_dir("impossible");
+        for state in damaged {
+            assert!(state.check().is_err(), "{state:?}");
+            fs::write(dir.join(STATE_FILE), serde_json::to_vec(&state).unwrap()).unwrap();
+            let err = read(&dir).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+            assert!(
+                err.to_string().contains("holds an impossible value"),
+                "{err}"
+            );
+            assert!(err.to_string().contains(STATE_FILE), "{err}");
+        }
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

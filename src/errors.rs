@@ -116,6 +116,16 @@ pub fn setting(err: &SettingError) -> SnowflakeError {
             format!("{value} is outside the valid range for parameter \"{name}\" ({min} .. {max})."),
             format!("Correct {name} in postgresql.conf and restart the server."),
         ),
+        SettingError::RejectedAtStart { name, value } => SnowflakeError::new(
+            code,
+            format!("invalid value for parameter \"{name}\": \"{value}\""),
+            format!("PostgreSQL rejected this value of {name} in the configuration at server start and kept the built-in default. snowflake refuses to generate IDs with a setting you did not choose; decoding is not affected."),
+            if matches!(*name, "snowflake.claim_ttl" | "snowflake.rmgr_id") {
+                format!("Correct {name} in postgresql.conf and restart the server.")
+            } else {
+                format!("Correct {name} in postgresql.conf and reload (SELECT pg_reload_conf()). If you remove the line instead, restart the server.")
+            },
+        ),
         SettingError::RegistryMissing => SnowflakeError::new(
             code,
             format!("{} is auto, but {} is not set", settings::WORKER_ID, settings::REGISTRY),
@@ -307,14 +317,19 @@ fn data_file(
     detail: &str,
     if_invalid: &str,
 ) -> SnowflakeError {
+    let damaged = err.kind() == io::ErrorKind::InvalidData;
     SnowflakeError::new(
-        PgSqlErrorCode::ERRCODE_IO_ERROR,
+        if damaged {
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED
+        } else {
+            PgSqlErrorCode::ERRCODE_IO_ERROR
+        },
         format!(
             "could not {} file \"{name}\": {err}",
             if writing { "write" } else { "read" }
         ),
         detail,
-        if err.kind() == io::ErrorKind::InvalidData {
+        if damaged {
             if_invalid
         } else {
             "Check the permissions and free space of the data directory."
@@ -510,7 +525,7 @@ pub struct ClockWarning {
 
 impl ClockWarning {
     /// Emits the WARNING (to the client and the server log).
-    pub fn report(self) {
+    pub fn report(self, function: &'static str) {
         let steps = self.now.steps_back - self.since.steps_back;
         let exhaustions = self.now.exhaustions - self.since.exhaustions;
         let message = if steps > 0 {
@@ -535,7 +550,7 @@ impl ClockWarning {
         } else {
             "No ID was or will be duplicated: IDs continue in the following milliseconds. One server issues at most 4,096 IDs per millisecond."
         };
-        ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, "snowflake_next")
+        ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, function)
             .set_detail(detail)
             .set_hint(hint)
             .report(PgLogLevel::WARNING);

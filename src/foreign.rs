@@ -51,9 +51,10 @@ pub struct ForeignParts {
 }
 
 impl ForeignLayout {
-    /// Looks a layout up by name (case-insensitive).
+    /// Looks a layout up by name: exactly one of [`LAYOUT_NAMES`], in any letter case.
+    /// Surrounding spaces or control characters are not a layout name.
     pub fn from_name(name: &str) -> Option<ForeignLayout> {
-        match name.trim().to_ascii_lowercase().as_str() {
+        match name.to_ascii_lowercase().as_str() {
             "twitter" => Some(ForeignLayout::Twitter),
             "discord" => Some(ForeignLayout::Discord),
             "instagram" => Some(ForeignLayout::Instagram),
@@ -191,6 +192,13 @@ mod tests {
             assert!(ForeignLayout::from_name(name).is_some(), "{name}");
         }
         assert_eq!(ForeignLayout::from_name("ulid"), None);
+        assert_eq!(
+            ForeignLayout::from_name("TwItTeR"),
+            Some(ForeignLayout::Twitter)
+        );
+        for padded in [" twitter ", "twitter\n", "\ttwitter", "twitter\0", ""] {
+            assert_eq!(ForeignLayout::from_name(padded), None, "{padded:?}");
+        }
         assert_eq!(
             ForeignLayout::Sonyflake.decode(-1),
             Err(LayoutError::NegativeId(-1))

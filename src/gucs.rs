@@ -1,8 +1,10 @@
 //! The GUCs, and cached, validated views of them.
 //!
-//! All three are strings so that a malformed or out-of-range value in `postgresql.conf`
-//! reaches [`crate::settings`] and makes generation refuse with an error naming the setting,
-//! instead of PostgreSQL silently keeping the built-in default (an int GUC would).
+//! The settings that decide uniqueness are strings so that a malformed or out-of-range value
+//! in `postgresql.conf` reaches [`crate::settings`] and makes generation refuse with an error
+//! naming the setting, instead of PostgreSQL silently keeping the built-in default (an int
+//! GUC would). The integer and enum settings are PostgreSQL's own types; a value PostgreSQL
+//! rejects at server start is remembered and refuses generation too ([`rejected_at_start`]).
 //!
 //! With `shared_preload_libraries` they are `PGC_POSTMASTER`: only `postgresql.conf` or
 //! `ALTER SYSTEM` plus a restart change them. When the library is loaded later (CREATE
@@ -66,7 +68,8 @@ pub fn init(preloading: bool) {
             GucContext::Sighup
         }
     };
-    // SAFETY: the hooks cannot panic; they only clear per-backend caches.
+    let placeholders = CHECKED_BY_POSTGRES.map(placeholder_value);
+    // SAFETY: the hooks cannot panic; they only clear per-backend caches or flags.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"snowflake.worker_id",
@@ -112,7 +115,7 @@ pub fn init(preloading: bool) {
             Some(invalidate_caches),
             None,
         );
-        GucRegistry::define_int_guc(
+        GucRegistry::define_int_guc_with_hooks(
             c"snowflake.claim_ttl",
             c"How long the registry keeps a worker id claim after its last renewal.",
             c"The claim is renewed every fifth of this; a server that cannot renew stops issuing IDs half of it after its last renewal.",
@@ -121,15 +124,23 @@ pub fn init(preloading: bool) {
             crate::claim::MAX_CLAIM_TTL_MS as i32,
             context(),
             GucFlags::UNIT_MS,
+            None,
+            Some(accepted::<CLAIM_TTL_SLOT>),
+            None,
         );
         define_policy_gucs(preloading);
         reserve_prefix();
     }
+    note_rejected_at_start(&placeholders);
 }
 
-fn define_policy_gucs(preloading: bool) {
+/// # Safety
+/// Called from `init` only (GUC definition at library load).
+unsafe fn define_policy_gucs(preloading: bool) {
     let ms = GucFlags::UNIT_MS;
-    GucRegistry::define_int_guc(
+    // SAFETY: the assign hook cannot panic (see `accepted`).
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
         c"snowflake.max_clock_drift",
         c"Largest lead of the ID clock over the wall clock.",
         c"Steps back of the clock and bursts above 4,096 IDs per millisecond are absorbed by running the ID clock ahead of the wall clock, up to this much. 0 is strict Twitter behaviour.",
@@ -138,26 +149,35 @@ fn define_policy_gucs(preloading: bool) {
         3_600_000,
         GucContext::Sighup,
         ms,
+        None,
+        Some(accepted::<MAX_CLOCK_DRIFT_SLOT>),
+        None,
     );
-    GucRegistry::define_enum_guc(
+        GucRegistry::define_enum_guc_with_hooks(
         c"snowflake.clock_behind_action",
         c"What to do when the clock is further behind than snowflake.max_clock_drift: error or wait.",
         c"error raises SQLSTATE 58000 and issues nothing; wait sleeps (holding no lock) up to snowflake.max_clock_wait, then raises the error.",
         &CLOCK_BEHIND_ACTION,
         GucContext::Sighup,
         GucFlags::default(),
+        None,
+        Some(accepted::<CLOCK_BEHIND_ACTION_SLOT>),
+        None,
     );
-    GucRegistry::define_int_guc(
-        c"snowflake.max_clock_wait",
-        c"Longest wait for the clock when snowflake.clock_behind_action = wait.",
-        c"",
-        &MAX_CLOCK_WAIT,
-        1,
-        3_600_000,
-        GucContext::Sighup,
-        ms,
-    );
-    GucRegistry::define_int_guc(
+        GucRegistry::define_int_guc_with_hooks(
+            c"snowflake.max_clock_wait",
+            c"Longest wait for the clock when snowflake.clock_behind_action = wait.",
+            c"",
+            &MAX_CLOCK_WAIT,
+            1,
+            3_600_000,
+            GucContext::Sighup,
+            ms,
+            None,
+            Some(accepted::<MAX_CLOCK_WAIT_SLOT>),
+            None,
+        );
+        GucRegistry::define_int_guc_with_hooks(
         c"snowflake.lease_window",
         c"How far ahead each durable lease reaches.",
         c"Before issuing an ID beyond the durable lease, the lease is extended by this much and written to disk and WAL. Larger: fewer writes; the IDs after a crash restart jump ahead by up to this much.",
@@ -166,18 +186,24 @@ fn define_policy_gucs(preloading: bool) {
         3_600_000,
         GucContext::Sighup,
         ms,
+        None,
+        Some(accepted::<LEASE_WINDOW_SLOT>),
+        None,
     );
-    GucRegistry::define_int_guc(
-        c"snowflake.warning_interval",
-        c"Shortest interval between two WARNINGs about clock steps and exhausted milliseconds.",
-        c"The events are counted in snowflake_stats() whatever this is.",
-        &WARNING_INTERVAL,
-        0,
-        i32::MAX,
-        GucContext::Sighup,
-        ms,
-    );
-    GucRegistry::define_int_guc(
+        GucRegistry::define_int_guc_with_hooks(
+            c"snowflake.warning_interval",
+            c"Shortest interval between two WARNINGs about clock steps and exhausted milliseconds.",
+            c"The events are counted in snowflake_stats() whatever this is.",
+            &WARNING_INTERVAL,
+            0,
+            i32::MAX,
+            GucContext::Sighup,
+            ms,
+            None,
+            Some(accepted::<WARNING_INTERVAL_SLOT>),
+            None,
+        );
+        GucRegistry::define_int_guc_with_hooks(
         c"snowflake.rmgr_id",
         c"Custom WAL resource manager id used for lease records (128-255).",
         c"Change it only if another extension uses the same id, and only after a clean shutdown.",
@@ -190,7 +216,114 @@ fn define_policy_gucs(preloading: bool) {
             GucContext::Sighup
         },
         GucFlags::default(),
+        None,
+        Some(accepted::<RMGR_ID_SLOT>),
+        None,
     );
+    }
+}
+
+/// The integer and enum settings, which PostgreSQL parses itself. A malformed value in
+/// `postgresql.conf` at server start only gets a WARNING from PostgreSQL, which then keeps
+/// the built-in default; generation refuses instead (see [`rejected_at_start`]). On a
+/// reload PostgreSQL keeps the last good value and logs the bad one, so only the start
+/// needs this. Indexed by the `*_SLOT` constants.
+const CHECKED_BY_POSTGRES: [&CStr; 7] = [
+    c"snowflake.claim_ttl",
+    c"snowflake.max_clock_drift",
+    c"snowflake.clock_behind_action",
+    c"snowflake.max_clock_wait",
+    c"snowflake.lease_window",
+    c"snowflake.warning_interval",
+    c"snowflake.rmgr_id",
+];
+const CLAIM_TTL_SLOT: usize = 0;
+const MAX_CLOCK_DRIFT_SLOT: usize = 1;
+const CLOCK_BEHIND_ACTION_SLOT: usize = 2;
+const MAX_CLOCK_WAIT_SLOT: usize = 3;
+const LEASE_WINDOW_SLOT: usize = 4;
+const WARNING_INTERVAL_SLOT: usize = 5;
+const RMGR_ID_SLOT: usize = 6;
+
+thread_local! {
+    /// Per slot: the value PostgreSQL rejected at server start, until a later value is
+    /// accepted. Set in the postmaster; backends inherit it at fork.
+    static REJECTED: RefCell<[Option<String>; 7]> = const { RefCell::new([const { None }; 7]) };
+}
+
+/// The value set for `name` in the configuration before the library defined it (a
+/// placeholder), if any.
+fn placeholder_value(name: &CStr) -> Option<String> {
+    // SAFETY: a lookup by name; missing_ok, so an unknown name gives NULL instead of ERROR.
+    let value = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
+    (!value.is_null())
+        // SAFETY: GetConfigOption returns a NUL-terminated string owned by the GUC system.
+        .then(|| {
+            unsafe { CStr::from_ptr(value) }
+                .to_string_lossy()
+                .into_owned()
+        })
+}
+
+/// After definition: remembers each configured value that PostgreSQL's own parser rejects
+/// (checked again with `changeVal = false`, which validates without assigning or logging).
+fn note_rejected_at_start(placeholders: &[Option<String>; 7]) {
+    for (slot, value) in placeholders.iter().enumerate() {
+        let Some(value) = value else { continue };
+        let Ok(c_value) = CString::new(value.as_str()) else {
+            continue;
+        };
+        // SAFETY: validates a value for a defined variable; with elevel DEBUG5 a bad value
+        // returns 0 instead of raising an error. A valid one returns -1 ("not applied",
+        // as changeVal is false).
+        let outcome = unsafe {
+            pg_sys::set_config_option(
+                CHECKED_BY_POSTGRES[slot].as_ptr(),
+                c_value.as_ptr(),
+                pg_sys::GucContext::PGC_POSTMASTER,
+                pg_sys::GucSource::PGC_S_FILE,
+                pg_sys::GucAction::GUC_ACTION_SET,
+                false,
+                pg_sys::DEBUG5 as i32,
+                false,
+            )
+        };
+        if outcome == 0 {
+            REJECTED.with(|r| {
+                if let Ok(mut r) = r.try_borrow_mut() {
+                    r[slot] = Some(value.clone());
+                }
+            });
+        }
+    }
+}
+
+/// Assign hook: a value of the setting in `SLOT` was accepted (a reload brought a good one),
+/// so an earlier rejection no longer stands. Cannot panic.
+unsafe extern "C-unwind" fn accepted<const SLOT: usize>(_newval: i32, _extra: *mut c_void) {
+    REJECTED.with(|r| {
+        if let Ok(mut r) = r.try_borrow_mut() {
+            r[SLOT] = None;
+        }
+    });
+}
+
+/// The first integer or enum setting whose configured value PostgreSQL rejected at server
+/// start and that no accepted value has replaced since.
+pub fn rejected_at_start() -> Option<SettingError> {
+    REJECTED.with(|r| {
+        let r = r.borrow();
+        r.iter().enumerate().find_map(|(slot, value)| {
+            value.as_ref().map(|value| SettingError::RejectedAtStart {
+                name: setting_name(CHECKED_BY_POSTGRES[slot]),
+                value: value.clone(),
+            })
+        })
+    })
+}
+
+fn setting_name(name: &'static CStr) -> &'static str {
+    name.to_str().unwrap_or("snowflake")
 }
 
 /// The clock policy from the settings (cheap: reads three integers).

@@ -64,6 +64,9 @@ fn quiet_rust_backtraces() {
 /// Logs a WARNING at server start when the settings would make generation fail, so the
 /// problem shows in the server log before the first `snowflake_next()` call.
 fn warn_about_settings() {
+    if let Some(rejected) = gucs::rejected_at_start() {
+        errors::setting(&rejected).warn();
+    }
     match gucs::config() {
         Err(e) => errors::setting(&e).warn(),
         Ok(config) => {

@@ -72,6 +72,14 @@ pub enum SettingError {
         /// The value, without its password.
         value: String,
     },
+    /// PostgreSQL rejected the value in `postgresql.conf` at server start and kept the
+    /// built-in default (integer and enum settings, which PostgreSQL itself parses).
+    RejectedAtStart {
+        /// Setting name.
+        name: &'static str,
+        /// The rejected value.
+        value: String,
+    },
     /// The epoch is neither Unix milliseconds nor an ISO-8601 timestamp with time zone.
     BadEpoch {
         /// The raw value.

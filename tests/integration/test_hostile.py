@@ -9,6 +9,7 @@ server must still be the same postmaster, and its log must show no "terminated b
 import os
 import threading
 import time
+import types
 import unittest
 
 import psycopg
@@ -26,11 +27,16 @@ class HostileCase(unittest.TestCase):
     pg = None
 
     @classmethod
-    def start_cluster(cls, name, **settings):
+    def start_cluster(cls, name, env=None, faketime=False, **settings):
         base = {"shared_preload_libraries": PRELOAD, "snowflake.worker_id": "1",
                 "snowflake.datacenter_id": "2"}
         base.update(settings)
         cls.pg = Cluster(name, base).init()
+        if faketime:
+            cls.pg.use_faketime("+0")
+        # A server started with RUST_BACKTRACE set: a Rust backtrace must still never reach
+        # a client (pgrx would put one into the DETAIL of errors raised in Rust frames).
+        cls.pg.env.update(env or {"RUST_BACKTRACE": "1"})
         cls.pg.start()
         cls.postmaster_pid = cls.postmaster()
 
@@ -109,6 +115,8 @@ class FunctionArguments(HostileCase):
         ("SELECT snowflake_decode(1, 'DISCORD')", None),
         ("SELECT snowflake_decode(1, 'twítter')", "22023"),
         ("SELECT snowflake_decode(1, '雪花')", "22023"),
+        ("SELECT snowflake_decode(1, ' twitter ')", "22023"),
+        ("SELECT snowflake_decode(1, E'twitter\\n')", "22023"),
         ("SELECT snowflake_format(NULL)", "null"),
         ("SELECT snowflake_format(0)", None),
         ("SELECT snowflake_format(-1)", "22003"),
@@ -429,9 +437,8 @@ class MalformedConfiguration(HostileCase):
                     self.assertEqual(state, "55000")
                 self.assertSurvived()
 
-    # Values PostgreSQL itself checks (integer and enum settings): it logs a WARNING naming the
-    # setting and keeps the default, and generation goes on. (Issue 14 turns these into a
-    # refusal too.)
+    # Values PostgreSQL itself parses (integer and enum settings): it logs a WARNING and keeps
+    # the built-in default; generation refuses until a good value is loaded.
     CHECKED_BY_POSTGRES = [
         ("snowflake.claim_ttl", "'1ms'"), ("snowflake.max_clock_drift", "'-5'"),
         ("snowflake.max_clock_drift", "'forever'"), ("snowflake.clock_behind_action", "'explode'"),
@@ -439,16 +446,74 @@ class MalformedConfiguration(HostileCase):
         ("snowflake.warning_interval", "'1 fortnight'"), ("snowflake.rmgr_id", "'1'"),
     ]
 
-    def test_checked_settings_keep_their_defaults(self):
+    def test_checked_settings_refuse_generation_until_fixed(self):
         for name, value in self.CHECKED_BY_POSTGRES:
             with self.subTest(name=name, value=value):
                 self.restart_with(**{name: value})
-                self.assertRegex(self.pg.log(), f'(invalid value|is outside the valid range|unrecognized).*"{name}"')
+                self.assertRegex(self.pg.log(), f'(invalid value|is outside the valid range).*"{name}"')
                 with self.pg.connect() as conn:
-                    a = conn.execute("SELECT snowflake_next()").fetchone()[0]
-                    b = conn.execute("SELECT snowflake_next()").fetchone()[0]
-                    self.assertLess(a, b)
+                    e = error_of(conn, "SELECT snowflake_next()")
+                    self.assertEqual(e.sqlstate, "55000")
+                    self.assertEqual(str(e).splitlines()[0],
+                                     f'invalid value for parameter "{name}": "{value.strip(chr(39))}"')
+                    # Decoding does not depend on these settings.
+                    self.assertEqual(conn.execute(f"SELECT (snowflake_decode({SOME_ID})).worker_id").fetchone()[0], 26)
                 self.assertSurvived()
+        # A reload with a good value of a reloadable setting lifts the refusal, in running
+        # sessions and new ones alike.
+        self.restart_with(**{"snowflake.lease_window": "'0'"})
+        with self.pg.connect() as conn:
+            self.assertEqual(error_of(conn, "SELECT snowflake_next()").sqlstate, "55000")
+            self.pg.reload(snowflake__lease_window="'2s'")
+            self.assertGreater(conn.execute("SELECT snowflake_next()").fetchone()[0], 0)
+        self.assertGreater(self.pg.one("SELECT snowflake_next()"), 0)
+        # A bad value at a reload: PostgreSQL keeps the last good one, and generation goes on.
+        self.pg.reload(snowflake__lease_window="'0'")
+        with self.pg.connect() as conn:
+            self.assertEqual(conn.execute("SHOW snowflake.lease_window").fetchone()[0], "2s")
+            self.assertGreater(conn.execute("SELECT snowflake_next()").fetchone()[0], 0)
+        self.assertRegex(self.pg.log(), 'invalid value for parameter "snowflake.lease_window"')
+        self.assertSurvived()
+
+
+class CorruptStateFile(HostileCase):
+    """A state file with an impossible value is reported as corrupt, with its path, and no ID
+    is issued from it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start_cluster("hostile-state")
+        cls.pg.sql("CREATE EXTENSION snowflake")
+
+    def test_impossible_values_are_corruption(self):
+        import json
+        self.pg.one("SELECT snowflake_next()")
+        path = os.path.join(self.pg.data, "snowflake.state")
+        self.pg.stop()
+        with open(path) as f:
+            good = json.load(f)
+        for field, value in (("lease_end_unix_ms", 9223372036854775000), ("lease_end_unix_ms", -5),
+                             ("reach_cap_ms", -1), ("written_unix_ms", -9223372036854775808)):
+            with self.subTest(field=field, value=value):
+                self.pg.stop()
+                with open(path, "w") as f:
+                    json.dump({**good, field: value}, f)
+                self.pg.start()
+                type(self).postmaster_pid = self.postmaster()
+                with self.pg.connect() as conn:
+                    e = error_of(conn, "SELECT snowflake_next()")
+                    self.assertEqual(e.sqlstate, "XX001")
+                    self.assertIn(f'{path}" holds an impossible value: {field} = {value}', str(e))
+                    self.assertIn("Restore the file from a backup", e.diag.message_hint)
+                    # Monitoring does not show the damaged lease as a date.
+                    self.assertIsNone(conn.execute("SELECT lease_end FROM snowflake_stats").fetchone()[0])
+                self.assertSurvived()
+        self.pg.stop()
+        with open(path, "w") as f:
+            json.dump(good, f)
+        self.pg.start()
+        type(self).postmaster_pid = self.postmaster()
+        self.assertGreater(self.pg.one("SELECT snowflake_next()"), 0)
 
 
 class BatchContention(HostileCase):
@@ -542,6 +607,105 @@ class BatchContention(HostileCase):
             self.assertIsNone(e.diag.message_detail)
             conn.execute("RESET statement_timeout")
             self.assertGreater(conn.execute("SELECT snowflake_next()").fetchone()[0], 0)
+        self.assertSurvived()
+
+
+class Warnings(HostileCase):
+    """Clock and exhaustion WARNINGs go to the session whose call caused the event, name the
+    function that was called, and are not raised for a batch that asked for more than one
+    millisecond's worth."""
+
+    EXHAUST = "SELECT snowflake_next_block(4096), snowflake_next_block(4096) FROM generate_series(1, 50)"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start_cluster("hostile-warnings", **{"snowflake.warning_interval": "'1s'"})
+        cls.pg.sql("CREATE EXTENSION snowflake")
+        cls.pg.sql("CREATE DATABASE other")
+        with cls.pg.connect("other") as conn:
+            conn.execute("CREATE EXTENSION snowflake")
+
+    @staticmethod
+    def warnings_of(conn):
+        """The WARNINGs `conn` receives from now on (copied: a notice lives only during the
+        handler)."""
+        seen = []
+
+        def keep(d):
+            if d.severity_nonlocalized == "WARNING":
+                seen.append(types.SimpleNamespace(message_primary=d.message_primary,
+                                                  source_function=d.source_function))
+        conn.add_notice_handler(keep)
+        return seen
+
+    def test_the_cause_is_warned_and_nobody_else(self):
+        with self.pg.connect() as cause, self.pg.connect("other") as bystander:
+            caused = self.warnings_of(cause)
+            seen = self.warnings_of(bystander)
+            time.sleep(1.1)  # past any earlier report's interval
+            cause.execute(self.EXHAUST)
+            self.assertEqual(len(caused), 1, [d.message_primary for d in caused])
+            self.assertIn("more than 4096 IDs were requested within one millisecond", caused[0].message_primary)
+            self.assertEqual(caused[0].source_function, "snowflake_next_block")
+            # More events inside the interval are counted, not reported; once the interval has
+            # passed, someone else's call does not inherit them.
+            cause.execute(self.EXHAUST)
+            time.sleep(1.1)
+            bystander.execute("SELECT snowflake_next()")
+            self.assertEqual(seen, [])
+            # The next event is reported to its cause, with the events held back in between.
+            cause.execute(self.EXHAUST)
+            self.assertEqual(len(caused), 2)
+            self.assertRegex(caused[1].message_primary, r"\((\d+) times since the last report\)")
+        self.assertSurvived()
+
+    def test_a_large_batch_is_not_warned_about(self):
+        with self.pg.connect() as conn:
+            seen = self.warnings_of(conn)
+            time.sleep(1.1)
+            exhausted_before = conn.execute("SELECT sequence_exhaustions FROM snowflake_stats").fetchone()[0]
+            self.assertEqual(conn.execute("SELECT cardinality(snowflake_next_batch(1000000))").fetchone()[0], 1000000)
+            exhausted_after = conn.execute("SELECT sequence_exhaustions FROM snowflake_stats").fetchone()[0]
+            self.assertGreater(exhausted_after, exhausted_before)  # it did use up milliseconds
+            self.assertEqual(seen, [])
+            # A batch of at most one millisecond's worth that exhausts one is still news.
+            conn.execute(self.EXHAUST.replace("snowflake_next_block(4096), snowflake_next_block(4096)",
+                                              "snowflake_next_batch(4096), snowflake_next_batch(4096)"))
+            self.assertEqual(len(seen), 1)
+            self.assertEqual(seen[0].source_function, "snowflake_next_batch")
+        self.assertSurvived()
+
+
+class CancelledClockWait(HostileCase):
+    """A call that waits for the clock (clock_behind_action = wait after a step back) is
+    cancelled exactly like a PostgreSQL statement: 57014, no DETAIL, nothing issued."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start_cluster("hostile-clockwait", faketime=True, **{
+            "snowflake.clock_behind_action": "'wait'", "snowflake.max_clock_wait": "'60s'",
+            "snowflake.max_clock_drift": "'1s'"})
+        cls.pg.sql("CREATE EXTENSION snowflake")
+
+    def test_cancel_and_timeout_read_like_postgresql(self):
+        last = self.pg.one("SELECT snowflake_next()")
+        self.pg.set_clock_offset("-20")
+        with self.pg.connect() as conn:
+            conn.execute("SET statement_timeout = '300ms'")
+            e = error_of(conn, "SELECT snowflake_next()")
+            self.assertEqual((e.sqlstate, str(e).strip()), ("57014", "canceling statement due to statement timeout"))
+            self.assertIsNone(e.diag.message_detail)
+            self.assertIsNone(e.diag.context)
+            conn.execute("RESET statement_timeout")
+            pid = conn.info.backend_pid
+            timer = threading.Timer(0.5, lambda: self.pg.sql("SELECT pg_cancel_backend(%s)", (pid,)))
+            timer.start()
+            e = error_of(conn, "SELECT snowflake_next()")
+            timer.join()
+            self.assertEqual((e.sqlstate, str(e).strip()), ("57014", "canceling statement due to user request"))
+            self.assertIsNone(e.diag.message_detail)
+        self.pg.set_clock_offset("+0")
+        self.assertGreater(self.pg.one("SELECT snowflake_next()"), last)
         self.assertSurvived()
 
 

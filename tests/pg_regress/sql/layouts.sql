@@ -21,6 +21,11 @@ SELECT snowflake_decode(1, 'ulid');
 \echo SQLSTATE :SQLSTATE
 SELECT snowflake_decode(-1, 'sonyflake');
 \echo SQLSTATE :SQLSTATE
+-- Exactly the documented names: no trimming of spaces or line ends.
+SELECT snowflake_decode(1, ' twitter ');
+\echo SQLSTATE :SQLSTATE
+SELECT snowflake_decode(1, E'twitter\n');
+\echo SQLSTATE :SQLSTATE
 
 -- JSON for clients: the ID as a string (JavaScript loses precision above 2^53).
 SELECT snowflake_format(1541815603606036480);
