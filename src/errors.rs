@@ -304,7 +304,7 @@ pub fn state_file(err: &io::Error, writing: bool) -> SnowflakeError {
         err,
         writing,
         "The file in the data directory records the ID layout of this cluster. No ID was issued.",
-        "Restore the file from a backup of this data directory. Removing it is safe only if no stored ID was generated with a different snowflake.epoch.",
+        "Restore the file from a backup of this data directory (or a standby's copy). Removing it is safe only if the clock is past every ID already issued and no stored ID was generated with a different snowflake.epoch.",
     )
 }
 
