@@ -9,6 +9,7 @@ database while the old IDs are still in the new server's future.
 """
 
 import os
+import shutil
 import re
 import subprocess
 import unittest
@@ -136,6 +137,8 @@ class PgUpgrade(unittest.TestCase):
         new.init()
         work = os.path.join(BASE, "pg_upgrade-work")
         os.makedirs(work, exist_ok=True)
+        # Removed before the clusters' own cleanup, so that the run's base directory goes too.
+        self.addCleanup(shutil.rmtree, work, True)
         os.chown(work, *_postgres_ids())
         r = subprocess.run(["runuser", "-u", "postgres", "--", f"{PG_BIN}/pg_upgrade",
                             "-b", OLD_BIN, "-B", PG_BIN, "-d", old.data, "-D", new.data,
