@@ -33,10 +33,11 @@ pub(crate) fn cell<T: IntoDatum>(name: &'static str, value: T) -> Cell {
     }
 }
 
-/// One attribute of a row type as the catalog describes it now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Attribute {
-    pub name: String,
+/// One attribute of a row type as the catalog describes it now (borrowed from the tuple
+/// descriptor: the check allocates nothing unless it fails).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Attribute<'a> {
+    pub name: &'a str,
     pub type_oid: u32,
     pub dropped: bool,
 }
@@ -56,59 +57,99 @@ pub(crate) enum Mismatch {
 
 /// Where each of `expected` goes among `attributes` (dropped attributes stay NULL), or how
 /// the two differ. Attributes must match in order, by name and exact type.
-pub(crate) fn placement(
-    attributes: &[Attribute],
-    expected: &[(&'static str, u32)],
-) -> Result<Vec<usize>, Mismatch> {
-    let live: Vec<usize> = (0..attributes.len())
-        .filter(|&i| !attributes[i].dropped)
-        .collect();
-    if live.len() != expected.len() {
-        return Err(Mismatch::Count {
-            found: live.len(),
-            expected: expected.len(),
-        });
+pub(crate) fn placement<const N: usize>(
+    attributes: &[Attribute<'_>],
+    expected: &[(&'static str, u32); N],
+) -> Result<[usize; N], Mismatch> {
+    let found = attributes.iter().filter(|a| !a.dropped).count();
+    if found != N {
+        return Err(Mismatch::Count { found, expected: N });
     }
-    for (position, (&index, &(name, type_oid))) in live.iter().zip(expected).enumerate() {
-        let attribute = &attributes[index];
+    let mut live = attributes
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !a.dropped)
+        .map(|(index, _)| index);
+    let mut placed = [0; N];
+    for (position, &(name, type_oid)) in expected.iter().enumerate() {
+        // Exactly N live attributes were counted above.
+        let index = live.next().unwrap_or_default();
+        let attribute = attributes[index];
         if attribute.name != name || attribute.type_oid != type_oid {
             return Err(Mismatch::Attribute {
                 position: position + 1,
-                found: (attribute.name.clone(), attribute.type_oid),
+                found: (attribute.name.to_string(), attribute.type_oid),
                 expected: (name, type_oid),
             });
         }
+        placed[position] = index;
     }
-    Ok(live)
+    Ok(placed)
+}
+
+/// What a call site (its `fn_extra`) remembers of the last check: the version of the type's
+/// descriptor (the type cache's `tupDesc_identifier`, new after every change of the type)
+/// and where each cell goes.
+struct CheckedShape<const N: usize> {
+    identifier: u64,
+    live: [usize; N],
 }
 
 /// A row of the calling function's declared result type holding `cells`, after checking
-/// that the type still has exactly these attributes with these types.
+/// that the type still has exactly these attributes with these types. The check runs once
+/// per call site and version of the type, not once per row.
 pub(crate) fn result_row<const N: usize>(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
     cells: [Cell; N],
 ) -> PgHeapTuple<'static, AllocatedByRust> {
     let tupdesc = result_tupdesc(fcinfo, function);
+    // SAFETY: the type cache entry of the composite type just looked up; loading its
+    // descriptor again is a no-op that returns the same entry.
+    let identifier = unsafe {
+        (*pg_sys::lookup_type_cache(tupdesc.oid(), pg_sys::TYPECACHE_TUPDESC as i32))
+            .tupDesc_identifier
+    };
+    // SAFETY: these functions are not set-returning, so nothing else uses their fn_extra;
+    // it lives in the call site's memory context.
+    let mut checked = unsafe {
+        pgrx::pg_func_extra(fcinfo, || CheckedShape::<N> {
+            identifier: 0,
+            live: [0; N],
+        })
+    };
+    if identifier == 0 || checked.identifier != identifier {
+        checked.live = shape_of(&tupdesc, function, &cells);
+        checked.identifier = identifier;
+    }
+    let mut datums: Vec<Option<pg_sys::Datum>> = vec![None; tupdesc.len()];
+    for (&index, cell) in checked.live.iter().zip(cells) {
+        datums[index] = cell.datum;
+    }
+    // SAFETY: every live attribute of this version of the type has been checked to have the
+    // exact type of the datum placed in it; dropped attributes are NULL.
+    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
+        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(function))
+}
+
+/// Where each cell goes in the type's current descriptor; raises 42804 if the type no
+/// longer has exactly these attributes.
+fn shape_of<const N: usize>(
+    tupdesc: &PgTupleDesc<'_>,
+    function: &'static str,
+    cells: &[Cell; N],
+) -> [usize; N] {
     let attributes: Vec<Attribute> = tupdesc
         .iter()
         .map(|a| Attribute {
-            name: a.name().to_string(),
+            name: a.name(),
             type_oid: a.atttypid.to_u32(),
             dropped: a.is_dropped(),
         })
         .collect();
     let expected = cells.each_ref().map(|c| (c.name, c.type_oid.to_u32()));
-    let live = placement(&attributes, &expected)
-        .unwrap_or_else(|m| altered(tupdesc.oid(), function, &m).raise(function));
-    let mut datums: Vec<Option<pg_sys::Datum>> = vec![None; attributes.len()];
-    for (index, cell) in live.into_iter().zip(cells) {
-        datums[index] = cell.datum;
-    }
-    // SAFETY: every live attribute has just been checked to have the exact type of the
-    // datum placed in it; dropped attributes are NULL.
-    unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
-        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(function))
+    placement(&attributes, &expected)
+        .unwrap_or_else(|m| altered(tupdesc.oid(), function, &m).raise(function))
 }
 
 /// The tuple descriptor of the function's declared result type, looked up from the call
@@ -131,18 +172,29 @@ fn result_tupdesc(
 }
 
 /// Refuses a call whose function is declared with another result type than `expected`
-/// (a C function created by hand over this library's symbol).
+/// (a C function created by hand over this library's symbol). Checked once per call site:
+/// a function's result type cannot change without a new function, hence a new call site.
 pub(crate) fn check_result_type(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
     expected: pg_sys::Oid,
 ) {
+    // SAFETY: fcinfo belongs to the live call.
+    if unsafe { (*fcinfo).flinfo.is_null() } {
+        return; // a direct call from C, with no declaration to check
+    }
+    // SAFETY: not a set-returning function, so nothing else uses its fn_extra.
+    let mut checked = unsafe { pgrx::pg_func_extra(fcinfo, || false) };
+    if *checked {
+        return;
+    }
     // SAFETY: fcinfo and its flinfo belong to the live call.
     let declared = unsafe { pg_sys::get_func_rettype((*(*fcinfo).flinfo).fn_oid) };
     if declared != expected {
         errors::wrong_result_type(function, &type_name(declared), &type_name(expected))
             .raise(function);
     }
+    *checked = true;
 }
 
 /// The type's name as PostgreSQL prints it (schema-qualified when not visible).
@@ -262,9 +314,9 @@ unsafe impl BoxRet for Int8Array {
 mod tests {
     use super::*;
 
-    fn attr(name: &str, type_oid: u32, dropped: bool) -> Attribute {
+    fn attr(name: &str, type_oid: u32, dropped: bool) -> Attribute<'_> {
         Attribute {
-            name: name.to_string(),
+            name,
             type_oid,
             dropped,
         }
@@ -279,7 +331,7 @@ mod tests {
             attr("b", 23, false),
             attr("c", 25, false),
         ];
-        assert_eq!(placement(&attrs, &EXPECTED), Ok(vec![0, 1, 2]));
+        assert_eq!(placement(&attrs, &EXPECTED), Ok([0, 1, 2]));
     }
 
     #[test]
@@ -290,7 +342,7 @@ mod tests {
             attr("b", 23, false),
             attr("c", 25, false),
         ];
-        assert_eq!(placement(&attrs, &EXPECTED), Ok(vec![0, 2, 3]));
+        assert_eq!(placement(&attrs, &EXPECTED), Ok([0, 2, 3]));
     }
 
     #[test]

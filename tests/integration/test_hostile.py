@@ -256,7 +256,14 @@ class AlteredObjects(HostileCase):
     def test_retyped_attribute_is_an_error_not_a_crash(self):
         # The reported crash: signal 11 before composite rows were checked.
         with self.fresh_db("retyped") as conn:
+            # A prepared statement keeps its call site (and what it checked) across the
+            # ALTER TYPE: the check must notice the new version of the type.
+            conn.execute("PREPARE parts(bigint) AS SELECT snowflake_decode($1)")
+            conn.execute("PREPARE stats AS SELECT * FROM snowflake_stats()")
+            conn.execute(f"EXECUTE parts({SOME_ID})")
+            conn.execute("EXECUTE stats")
             conn.execute("ALTER TYPE snowflake_parts ALTER ATTRIBUTE worker_id TYPE text")
+            self.assertEqual(error_of(conn, f"EXECUTE parts({SOME_ID})").sqlstate, "42804")
             e = error_of(conn, f"SELECT (snowflake_decode({SOME_ID})).worker_id")
             self.assertEqual(e.sqlstate, "42804")
             self.assertEqual(str(e).splitlines()[0], "type snowflake_parts does not match the snowflake extension")
