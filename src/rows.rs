@@ -103,13 +103,7 @@ pub(crate) fn result_row<const N: usize>(
     function: &'static str,
     cells: [Cell; N],
 ) -> PgHeapTuple<'static, AllocatedByRust> {
-    let tupdesc = result_tupdesc(fcinfo, function);
-    // SAFETY: the type cache entry of the composite type just looked up; loading its
-    // descriptor again is a no-op that returns the same entry.
-    let identifier = unsafe {
-        (*pg_sys::lookup_type_cache(tupdesc.oid(), pg_sys::TYPECACHE_TUPDESC as i32))
-            .tupDesc_identifier
-    };
+    let (tupdesc, identifier) = result_tupdesc(fcinfo, function);
     // SAFETY: these functions are not set-returning, so nothing else uses their fn_extra;
     // it lives in the call site's memory context.
     let mut checked = unsafe {
@@ -153,22 +147,31 @@ fn shape_of<const N: usize>(
 }
 
 /// The tuple descriptor of the function's declared result type, looked up from the call
-/// itself rather than by name, so that `search_path` cannot substitute another type.
+/// itself rather than by name, so that `search_path` cannot substitute another type; and
+/// the version of the descriptor (the type cache's `tupDesc_identifier`), read *before* the
+/// descriptor: should the type change in between, the version remembered is older than the
+/// descriptor checked, and the next call checks again.
 fn result_tupdesc(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
-) -> PgTupleDesc<'static> {
+) -> (PgTupleDesc<'static>, u64) {
     let mut type_oid = pg_sys::InvalidOid;
     // SAFETY: fcinfo is the live call's; a NULL tupdesc output is allowed.
     let class =
         unsafe { pg_sys::get_call_result_type(fcinfo, &mut type_oid, std::ptr::null_mut()) };
-    let tupdesc = (class == pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE)
-        .then(|| PgTupleDesc::for_composite_type_by_oid(type_oid))
-        .flatten();
-    tupdesc.unwrap_or_else(|| {
+    let not_composite = || {
         errors::wrong_result_type(function, &type_name(type_oid), "a composite type")
             .raise(function)
-    })
+    };
+    if class != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
+        not_composite();
+    }
+    // SAFETY: type_oid is a composite type (checked above); the entry is never freed.
+    let identifier = unsafe {
+        (*pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_TUPDESC as i32)).tupDesc_identifier
+    };
+    let tupdesc = PgTupleDesc::for_composite_type_by_oid(type_oid).unwrap_or_else(not_composite);
+    (tupdesc, identifier)
 }
 
 /// Refuses a call whose function is declared with another result type than `expected`
