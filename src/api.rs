@@ -434,11 +434,12 @@ fn attempt(
         || events.exhaustions != shared.noticed.exhaustions;
     let mut report = false;
     // A batch that asked for more than one millisecond's worth exhausts milliseconds by
-    // design: only a step back is news then.
+    // design: only a step back is news then. Its own exhaustions are left out of the next
+    // report's count; events held back earlier stay in it.
     let expected = bulk && events.steps_back == shared.noticed.steps_back;
     if new_event && expected {
+        shared.warned.exhaustions += events.exhaustions - shared.noticed.exhaustions;
         shared.noticed = events;
-        shared.warned = events;
     } else if new_event {
         shared.noticed = events;
         let interval = gucs::warning_interval_ms() as u64;
@@ -465,9 +466,10 @@ fn attempt(
 }
 
 /// Runs `take` under the generator's lock until it has issued everything it wants (it
-/// returns `Took::All`). `bulk`: the call asked for more than one millisecond's worth of
-/// IDs, so exhausted milliseconds are expected and not warned about. Between attempts, with no lock held, services interrupts, waits for
+/// returns `Took::All`). Between attempts, with no lock held, services interrupts, waits for
 /// the clock or the standbys, or extends the durable lease, as asked; raises the errors.
+/// `bulk`: the call asked for more than one millisecond's worth of IDs, so exhausted
+/// milliseconds are expected and not warned about.
 fn drive(
     function: &'static str,
     bulk: bool,

@@ -110,44 +110,53 @@ impl StateFile {
             let listed: Vec<String> = bits.iter().map(|(n, b)| format!("{n} = {b}")).collect();
             return Err(format!("{} is not a layout of 63 bits", listed.join(", ")));
         }
-        let unix_ms = |name: &str, ms: i64| {
-            if (0..=Epoch::MAX_UNIX_MS).contains(&ms) {
-                Ok(())
-            } else {
-                Err(format!("{name} = {ms} is not a time between 1970 and 9999"))
-            }
-        };
-        unix_ms("layout.epoch_ms", layout.epoch_ms)?;
-        let range_end = layout.epoch_ms + (1i64 << layout.timestamp_bits);
+        const DATES: &str = "a time between 1970 and 9999";
+        let dates = 0..=Epoch::MAX_UNIX_MS;
+        within("layout.epoch_ms", layout.epoch_ms, &dates, DATES)?;
+        // 2^timestamp_bits ms past the epoch; saturating, as 63 bits of timestamp fit no i64.
+        let span = 1i64
+            .checked_shl(layout.timestamp_bits)
+            .filter(|s| *s > 0)
+            .unwrap_or(i64::MAX);
+        let range_end = layout.epoch_ms.saturating_add(span);
         let lease = self.lease_end_unix_ms;
-        if lease != 0 && !(layout.epoch_ms..=range_end + MAX_RECORDED_REACH_MS).contains(&lease) {
+        let lease_range = layout.epoch_ms..=range_end.saturating_add(MAX_RECORDED_REACH_MS);
+        if lease != 0 && !lease_range.contains(&lease) {
             return Err(format!(
                 "lease_end_unix_ms = {lease} is outside the layout's time range ({} to {range_end})",
                 layout.epoch_ms
             ));
         }
-        unix_ms("written_unix_ms", self.written_unix_ms)?;
-        let reach = |name: &str, ms: i64| {
-            if (0..=MAX_RECORDED_REACH_MS).contains(&ms) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{name} = {ms} is not a lease reach (0 to {MAX_RECORDED_REACH_MS} ms)"
-                ))
-            }
-        };
-        reach("reach_cap_ms", self.reach_cap_ms)?;
+        within("written_unix_ms", self.written_unix_ms, &dates, DATES)?;
+        let reaches = 0..=MAX_RECORDED_REACH_MS;
+        let reach = format!("a lease reach (0 to {MAX_RECORDED_REACH_MS} ms)");
+        within("reach_cap_ms", self.reach_cap_ms, &reaches, &reach)?;
         if let Some(peer) = self.peer {
-            reach("peer.reach_cap_ms", peer.reach_cap_ms)?;
-            unix_ms("peer.observed_unix_ms", peer.observed_unix_ms)?;
-            if peer.lead_ms.unsigned_abs() > MAX_RECORDED_LEAD_MS as u64 {
-                return Err(format!(
-                    "peer.lead_ms = {} is not a clock difference",
-                    peer.lead_ms
-                ));
-            }
+            within("peer.reach_cap_ms", peer.reach_cap_ms, &reaches, &reach)?;
+            within(
+                "peer.observed_unix_ms",
+                peer.observed_unix_ms,
+                &dates,
+                DATES,
+            )?;
+            let leads = -MAX_RECORDED_LEAD_MS..=MAX_RECORDED_LEAD_MS;
+            within("peer.lead_ms", peer.lead_ms, &leads, "a clock difference")?;
         }
         Ok(())
+    }
+}
+
+/// `Ok` if `value` of the field `name` lies in `range`, else why not (`what` it should be).
+fn within(
+    name: &str,
+    value: i64,
+    range: &std::ops::RangeInclusive<i64>,
+    what: &str,
+) -> Result<(), String> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!("{name} = {value} is not {what}"))
     }
 }
 

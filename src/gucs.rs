@@ -116,7 +116,7 @@ pub fn init(preloading: bool) {
             None,
         );
         GucRegistry::define_int_guc_with_hooks(
-            c"snowflake.claim_ttl",
+            CHECKED_BY_POSTGRES[CLAIM_TTL_SLOT],
             c"How long the registry keeps a worker id claim after its last renewal.",
             c"The claim is renewed every fifth of this; a server that cannot renew stops issuing IDs half of it after its last renewal.",
             &CLAIM_TTL,
@@ -138,34 +138,35 @@ pub fn init(preloading: bool) {
 /// Called from `init` only (GUC definition at library load).
 unsafe fn define_policy_gucs(preloading: bool) {
     let ms = GucFlags::UNIT_MS;
+    let name = |slot: usize| CHECKED_BY_POSTGRES[slot];
     // SAFETY: the assign hook cannot panic (see `accepted`).
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
-        c"snowflake.max_clock_drift",
-        c"Largest lead of the ID clock over the wall clock.",
-        c"Steps back of the clock and bursts above 4,096 IDs per millisecond are absorbed by running the ID clock ahead of the wall clock, up to this much. 0 is strict Twitter behaviour.",
-        &MAX_CLOCK_DRIFT,
-        0,
-        3_600_000,
-        GucContext::Sighup,
-        ms,
-        None,
-        Some(accepted::<MAX_CLOCK_DRIFT_SLOT>),
-        None,
-    );
+            name(MAX_CLOCK_DRIFT_SLOT),
+            c"Largest lead of the ID clock over the wall clock.",
+            c"Steps back of the clock and bursts above 4,096 IDs per millisecond are absorbed by running the ID clock ahead of the wall clock, up to this much. 0 is strict Twitter behaviour.",
+            &MAX_CLOCK_DRIFT,
+            0,
+            3_600_000,
+            GucContext::Sighup,
+            ms,
+            None,
+            Some(accepted::<MAX_CLOCK_DRIFT_SLOT>),
+            None,
+        );
         GucRegistry::define_enum_guc_with_hooks(
-        c"snowflake.clock_behind_action",
-        c"What to do when the clock is further behind than snowflake.max_clock_drift: error or wait.",
-        c"error raises SQLSTATE 58000 and issues nothing; wait sleeps (holding no lock) up to snowflake.max_clock_wait, then raises the error.",
-        &CLOCK_BEHIND_ACTION,
-        GucContext::Sighup,
-        GucFlags::default(),
-        None,
-        Some(accepted::<CLOCK_BEHIND_ACTION_SLOT>),
-        None,
-    );
+            name(CLOCK_BEHIND_ACTION_SLOT),
+            c"What to do when the clock is further behind than snowflake.max_clock_drift: error or wait.",
+            c"error raises SQLSTATE 58000 and issues nothing; wait sleeps (holding no lock) up to snowflake.max_clock_wait, then raises the error.",
+            &CLOCK_BEHIND_ACTION,
+            GucContext::Sighup,
+            GucFlags::default(),
+            None,
+            Some(accepted::<CLOCK_BEHIND_ACTION_SLOT>),
+            None,
+        );
         GucRegistry::define_int_guc_with_hooks(
-            c"snowflake.max_clock_wait",
+            name(MAX_CLOCK_WAIT_SLOT),
             c"Longest wait for the clock when snowflake.clock_behind_action = wait.",
             c"",
             &MAX_CLOCK_WAIT,
@@ -178,20 +179,20 @@ unsafe fn define_policy_gucs(preloading: bool) {
             None,
         );
         GucRegistry::define_int_guc_with_hooks(
-        c"snowflake.lease_window",
-        c"How far ahead each durable lease reaches.",
-        c"Before issuing an ID beyond the durable lease, the lease is extended by this much and written to disk and WAL. Larger: fewer writes; the IDs after a crash restart jump ahead by up to this much.",
-        &LEASE_WINDOW,
-        1,
-        3_600_000,
-        GucContext::Sighup,
-        ms,
-        None,
-        Some(accepted::<LEASE_WINDOW_SLOT>),
-        None,
-    );
+            name(LEASE_WINDOW_SLOT),
+            c"How far ahead each durable lease reaches.",
+            c"Before issuing an ID beyond the durable lease, the lease is extended by this much and written to disk and WAL. Larger: fewer writes; the IDs after a crash restart jump ahead by up to this much.",
+            &LEASE_WINDOW,
+            1,
+            3_600_000,
+            GucContext::Sighup,
+            ms,
+            None,
+            Some(accepted::<LEASE_WINDOW_SLOT>),
+            None,
+        );
         GucRegistry::define_int_guc_with_hooks(
-            c"snowflake.warning_interval",
+            name(WARNING_INTERVAL_SLOT),
             c"Shortest interval between two WARNINGs about clock steps and exhausted milliseconds.",
             c"The events are counted in snowflake_stats() whatever this is.",
             &WARNING_INTERVAL,
@@ -204,22 +205,22 @@ unsafe fn define_policy_gucs(preloading: bool) {
             None,
         );
         GucRegistry::define_int_guc_with_hooks(
-        c"snowflake.rmgr_id",
-        c"Custom WAL resource manager id used for lease records (128-255).",
-        c"Change it only if another extension uses the same id, and only after a clean shutdown.",
-        &RMGR_ID,
-        128,
-        255,
-        if preloading {
-            GucContext::Postmaster
-        } else {
-            GucContext::Sighup
-        },
-        GucFlags::default(),
-        None,
-        Some(accepted::<RMGR_ID_SLOT>),
-        None,
-    );
+            name(RMGR_ID_SLOT),
+            c"Custom WAL resource manager id used for lease records (128-255).",
+            c"Change it only if another extension uses the same id, and only after a clean shutdown.",
+            &RMGR_ID,
+            128,
+            255,
+            if preloading {
+                GucContext::Postmaster
+            } else {
+                GucContext::Sighup
+            },
+            GucFlags::default(),
+            None,
+            Some(accepted::<RMGR_ID_SLOT>),
+            None,
+        );
     }
 }
 
@@ -289,23 +290,25 @@ fn note_rejected_at_start(placeholders: &[Option<String>; 7]) {
             )
         };
         if outcome == 0 {
-            REJECTED.with(|r| {
-                if let Ok(mut r) = r.try_borrow_mut() {
-                    r[slot] = Some(value.clone());
-                }
-            });
+            set_rejected(slot, Some(value.clone()));
         }
     }
+}
+
+/// Records (or, with `None`, forgets) the rejected value of the setting in `slot`. Cannot
+/// panic: the assign hook calls it.
+fn set_rejected(slot: usize, value: Option<String>) {
+    REJECTED.with(|r| {
+        if let Ok(mut r) = r.try_borrow_mut() {
+            r[slot] = value;
+        }
+    });
 }
 
 /// Assign hook: a value of the setting in `SLOT` was accepted (a reload brought a good one),
 /// so an earlier rejection no longer stands. Cannot panic.
 unsafe extern "C-unwind" fn accepted<const SLOT: usize>(_newval: i32, _extra: *mut c_void) {
-    REJECTED.with(|r| {
-        if let Ok(mut r) = r.try_borrow_mut() {
-            r[SLOT] = None;
-        }
-    });
+    set_rejected(SLOT, None);
 }
 
 /// The first integer or enum setting whose configured value PostgreSQL rejected at server

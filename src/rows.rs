@@ -177,7 +177,7 @@ fn result_tupdesc(
 /// Refuses a call whose function is declared with another result type than `expected`
 /// (a C function created by hand over this library's symbol). Checked once per call site:
 /// a function's result type cannot change without a new function, hence a new call site.
-pub(crate) fn check_result_type(
+fn check_result_type(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
     expected: pg_sys::Oid,
