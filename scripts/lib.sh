@@ -5,15 +5,17 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# pg_config of a major: 15 is Debian's; 17 and 18 are built from Debian's source packages
-# into /opt/snowflake-pg/<major> by scripts/build-pg.sh.
-pg_config_of() {
+# Installation prefix of a major: 15 is Debian's package; the others are built from source
+# packages into /opt/snowflake-pg/<major> by scripts/build-pg.sh.
+pg_prefix_of() {
     if [ "$1" = 15 ]; then
-        echo "/usr/lib/postgresql/15/bin/pg_config"
+        echo "/usr/lib/postgresql/15"
     else
-        echo "/opt/snowflake-pg/$1/bin/pg_config"
+        echo "/opt/snowflake-pg/$1"
     fi
 }
+# pg_config of a major.
+pg_config_of() { echo "$(pg_prefix_of "$1")/bin/pg_config"; }
 
 # use_major N: points PG_MAJOR, PG_CONFIG and PG_BIN at PostgreSQL N.
 use_major() {

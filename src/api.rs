@@ -9,21 +9,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use pgrx::prelude::*;
 use pgrx::{composite_type, AllocatedByRust};
 
-use crate::claim::{ClaimStatus, Fence};
-use crate::durable::{
-    self, AdoptedOrigin, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
-};
 use crate::errors::{self, SnowflakeError};
-use crate::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
-use crate::generator::{ClockPolicy, GenerateError, Generator, Issued, Next, Resumed};
 use crate::gucs;
-use crate::layout::{self, Epoch, Parts};
 use crate::origin;
 use crate::rows::{cell, result_row, Int8Array};
-use crate::settings::{check_epoch_at, format_rfc3339, redacted, Config, WorkerId};
 use crate::shmem::{self, Node};
 use crate::waits;
 use crate::wal;
+use snowflake_core::claim::{ClaimStatus, Fence};
+use snowflake_core::durable::{
+    self, AdoptedOrigin, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
+};
+use snowflake_core::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
+use snowflake_core::generator::{ClockPolicy, GenerateError, Generator, Issued, Next, Resumed};
+use snowflake_core::layout::{self, Epoch, Parts};
+use snowflake_core::settings::{check_epoch_at, format_rfc3339, redacted, Config, WorkerId};
 
 /// Unix milliseconds of PostgreSQL's timestamp origin, 2000-01-01T00:00:00Z.
 const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
@@ -71,7 +71,9 @@ fn first_generation_config(function: &'static str) -> errors::Result<Config> {
     if !shmem::is_available() {
         return Err(errors::not_preloaded(function));
     }
-    let config = gucs::config().map_err(|e| errors::setting(&e))?;
+    let config = gucs::config()
+        .ok_or_else(|| errors::not_preloaded(function))?
+        .map_err(|e| errors::setting(&e))?;
     if let Some(rejected) = gucs::rejected_at_start() {
         return Err(errors::setting(&rejected));
     }
@@ -362,15 +364,26 @@ fn unconfirmed_lease(shared: &mut shmem::SharedGenerator) -> Option<u64> {
     Some(lsn)
 }
 
-/// The epoch for decoding: the configured one, checked once per backend against the layout
-/// record so that a changed `snowflake.epoch` never silently decodes old IDs wrong.
+/// The epoch for decoding, found once per backend.
+/// - Preloaded: the configured one (fixed since server start), checked against the layout
+///   record and this database's `snowflake_origin`, so that a changed `snowflake.epoch`
+///   never silently decodes old IDs wrong.
+/// - Not preloaded: the settings are reloadable then, and an IMMUTABLE function must not
+///   depend on them. The epoch is the one `snowflake_origin` records for this database's
+///   IDs, or Twitter's (the default) where it records none.
 fn decode_epoch() -> errors::Result<Epoch> {
-    let epoch = gucs::epoch().map_err(|e| errors::setting(&e))?;
-    if DECODE_EPOCH.get() == Some(epoch) {
+    if let Some(epoch) = DECODE_EPOCH.get() {
         return Ok(epoch);
     }
-    recorded_state(epoch)?;
-    origin::check_epoch(epoch)?;
+    let epoch = match gucs::epoch() {
+        Some(configured) => {
+            let epoch = configured.map_err(|e| errors::setting(&e))?;
+            recorded_state(epoch)?;
+            origin::check_epoch(epoch)?;
+            epoch
+        }
+        None => origin::recorded_epoch()?.unwrap_or(Epoch::TWITTER),
+    };
     DECODE_EPOCH.set(Some(epoch));
     Ok(epoch)
 }
@@ -548,7 +561,7 @@ fn drive_one(
 /// The ID of an issued run's `offset`-th member.
 #[inline]
 fn id_of(node: Node, issued: &Issued, offset: u16) -> i64 {
-    layout::pack_unchecked(Parts {
+    layout::pack(Parts {
         timestamp: issued.timestamp,
         datacenter_id: node.datacenter_id,
         worker_id: node.worker_id,
@@ -786,8 +799,10 @@ fn snowflake_stats(
     if !shmem::is_available() {
         errors::not_preloaded(NAME).raise(NAME);
     }
-    let config = gucs::config().ok();
-    let epoch = config.map(|c| c.epoch).or_else(|| gucs::epoch().ok());
+    let config = gucs::config().and_then(Result::ok);
+    let epoch = config
+        .map(|c| c.epoch)
+        .or_else(|| gucs::epoch().and_then(Result::ok));
     let (generator, node) = {
         let shared = shmem::GENERATOR.share();
         (shared.generator, shared.node)

@@ -7,10 +7,10 @@ use std::io;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-use crate::durable::{self, LayoutRecord};
-use crate::generator::{Events, GenerateError};
-use crate::layout::{Epoch, LayoutError, MAX_TIMESTAMP};
-use crate::settings::{self, format_unix_ms, EpochProblem, SettingError};
+use snowflake_core::durable::{self, LayoutRecord};
+use snowflake_core::generator::{Events, GenerateError};
+use snowflake_core::layout::{Epoch, LayoutError, MAX_TIMESTAMP};
+use snowflake_core::settings::{self, format_unix_ms, EpochProblem, SettingError};
 
 /// An error ready to be raised.
 #[derive(Debug, Clone)]
@@ -366,12 +366,6 @@ pub fn layout(err: LayoutError) -> SnowflakeError {
             ),
             format!("Use a timestamp at or before {}.", format_unix_ms(last_ms)),
         ),
-        LayoutError::FieldOutOfRange { field, value, max } => SnowflakeError::new(
-            PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
-            format!("snowflake {field} {value} is out of range"),
-            format!("{field} must be between 0 and {max}."),
-            format!("Use a {field} between 0 and {max}."),
-        ),
     }
 }
 
@@ -416,6 +410,21 @@ pub fn failover_resume(floor_unix_ms: i64, lead_ms: i64, margin_ms: i64) -> Snow
 
 /// This database's IDs were generated with another epoch than the configured one (its
 /// `snowflake_origin` table says so; the state file may be gone, after pg_upgrade).
+/// Without preload, decoding takes the epoch from `snowflake_origin`, whose rows disagree.
+pub fn origin_epochs_disagree(first_ms: i64, other_ms: i64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        "table snowflake_origin records more than one epoch",
+        format!(
+            "Rows record epochs {} and {}; no single epoch decodes every ID in this database.",
+            ms(first_ms),
+            ms(other_ms)
+        ),
+        "Delete the rows that are wrong, or add snowflake to shared_preload_libraries and set snowflake.epoch, then restart the server.",
+    )
+}
+
+/// The configured epoch differs from the one `snowflake_origin` records.
 pub fn origin_epoch_mismatch(recorded_ms: i64, configured_ms: i64) -> SnowflakeError {
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -611,12 +620,12 @@ pub fn claim_fenced(datacenter_id: u8, worker_id: u8, registry: &str, why: &str)
 
 /// `snowflake.worker_id = 'auto'` and no usable claim: the caller's error (55000).
 pub fn claim_unavailable(
-    status: crate::claim::ClaimStatus,
+    status: snowflake_core::claim::ClaimStatus,
     detail: &str,
     registry: &str,
     datacenter_id: u8,
 ) -> SnowflakeError {
-    use crate::claim::ClaimStatus;
+    use snowflake_core::claim::ClaimStatus;
     let code = PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
     let detail = if detail.is_empty() {
         "The registry worker has not claimed a worker id yet.".to_string()

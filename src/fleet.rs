@@ -17,15 +17,15 @@ use pgrx::bgworkers::{
 use pgrx::prelude::*;
 
 use crate::api::{data_dir, now_unix_ms};
-use crate::claim::{self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted};
-use crate::durable::{self, LastClaim};
 use crate::errors;
 use crate::gucs;
-use crate::layout::{Epoch, MAX_WORKER_ID};
 use crate::registry::{self, ClaimReply, ClaimRequest, Registry, RenewReply};
-use crate::settings::{redacted, Config, WorkerId};
 use crate::shmem::{self, Node};
 use crate::waits::monotonic_ms;
+use snowflake_core::claim::{self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted};
+use snowflake_core::durable::{self, LastClaim};
+use snowflake_core::layout::{Epoch, MAX_WORKER_ID};
+use snowflake_core::settings::{redacted, Config, WorkerId};
 
 /// This postmaster's claim token: random, made once at preload, inherited by every process
 /// it forks. A crash restart keeps it (the postmaster lives on), so the restarted worker
@@ -63,7 +63,7 @@ pub fn register(config: &Config) {
 #[no_mangle]
 pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let (Ok(config), Some(uri), Some(random)) = (gucs::config(), gucs::registry(), TOKEN.get())
+    let (Some(Ok(config)), Some(uri), Some(random)) = (gucs::config(), gucs::registry(), TOKEN.get())
     else {
         return;
     };
@@ -278,8 +278,8 @@ impl Holder {
                 )) => {
                     let why = format!(
                         "The registry's fleet uses epoch {} ({registry_epoch_unix_ms} ms); this server's snowflake.epoch is {} ({} ms). One fleet must share one epoch.",
-                        crate::settings::format_unix_ms(registry_epoch_unix_ms),
-                        crate::settings::format_unix_ms(self.config.epoch.unix_ms()),
+                        snowflake_core::settings::format_unix_ms(registry_epoch_unix_ms),
+                        snowflake_core::settings::format_unix_ms(self.config.epoch.unix_ms()),
                         self.config.epoch.unix_ms()
                     );
                     self.report(ClaimStatus::Refused, &why, 0);

@@ -1,7 +1,7 @@
 //! The GUCs, and cached, validated views of them.
 //!
 //! The settings that decide uniqueness are strings so that a malformed or out-of-range value
-//! in `postgresql.conf` reaches [`crate::settings`] and makes generation refuse with an error
+//! in `postgresql.conf` reaches [`snowflake_core::settings`] and makes generation refuse with an error
 //! naming the setting, instead of PostgreSQL silently keeping the built-in default (an int
 //! GUC would). The integer and enum settings are PostgreSQL's own types; a value PostgreSQL
 //! rejects at server start is remembered and refuses generation too ([`rejected_at_start`]).
@@ -12,14 +12,15 @@
 //! `PGC_SIGHUP` instead; sessions still cannot `SET` them, and generation is refused anyway.
 
 use std::cell::RefCell;
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::sync::OnceLock;
+use std::ffi::{c_void, CStr, CString};
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::prelude::*;
 
-use crate::generator::ClockPolicy;
-use crate::layout::Epoch;
-use crate::settings::{self, Config, SettingError};
+use snowflake_core::generator::ClockPolicy;
+use snowflake_core::layout::Epoch;
+use snowflake_core::settings::{self, Config, SettingError};
 
 /// What `snowflake_next()` does when the clock is further behind the ID clock than
 /// `snowflake.max_clock_drift` allows.
@@ -37,26 +38,36 @@ pub enum ClockBehindAction {
 /// Default of `snowflake.rmgr_id`, the custom WAL resource manager id (see README).
 pub const DEFAULT_RMGR_ID: i32 = 182;
 
-static MAX_CLOCK_DRIFT: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+static MAX_CLOCK_DRIFT: GucSetting<i32> =
+    GucSetting::<i32>::new(settings::DEFAULT_MAX_CLOCK_DRIFT_MS as i32);
 static CLOCK_BEHIND_ACTION: GucSetting<ClockBehindAction> =
     GucSetting::<ClockBehindAction>::new(ClockBehindAction::Error);
-static MAX_CLOCK_WAIT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
-static LEASE_WINDOW: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+static MAX_CLOCK_WAIT: GucSetting<i32> =
+    GucSetting::<i32>::new(settings::DEFAULT_MAX_CLOCK_WAIT_MS as i32);
+static LEASE_WINDOW: GucSetting<i32> =
+    GucSetting::<i32>::new(settings::DEFAULT_LEASE_WINDOW_MS as i32);
 static RMGR_ID: GucSetting<i32> = GucSetting::<i32>::new(DEFAULT_RMGR_ID);
-static WARNING_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static WARNING_INTERVAL: GucSetting<i32> =
+    GucSetting::<i32>::new(settings::DEFAULT_WARNING_INTERVAL_MS as i32);
 
 static WORKER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-static DATACENTER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0"));
+static DATACENTER_ID: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(settings::DEFAULT_DATACENTER_ID));
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static CLAIM_TTL: GucSetting<i32> =
-    GucSetting::<i32>::new(crate::claim::DEFAULT_CLAIM_TTL_MS as i32);
+    GucSetting::<i32>::new(snowflake_core::claim::DEFAULT_CLAIM_TTL_MS as i32);
 static EPOCH: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"2010-11-04 01:42:54.657+00"));
+    GucSetting::<Option<CString>>::new(Some(settings::DEFAULT_EPOCH));
 
-thread_local! {
-    /// Per-backend cache of the parsed settings; cleared by the assign hooks.
-    static CONFIG: RefCell<Option<Result<Config, SettingError>>> = const { RefCell::new(None) };
-    static EPOCH_CACHE: RefCell<Option<Result<Epoch, SettingError>>> = const { RefCell::new(None) };
+/// The server-start settings, parsed once in the postmaster while it preloads the library
+/// (they are `PGC_POSTMASTER`, so nothing changes them until a restart). Backends inherit
+/// it at fork. Unset when the library was loaded without preload.
+static AT_START: OnceLock<AtStart> = OnceLock::new();
+
+/// The parsed server-start settings.
+struct AtStart {
+    config: Result<Config, SettingError>,
+    epoch: Result<Epoch, SettingError>,
 }
 
 /// Registers the GUCs. `preloading` selects the context (see the module comment).
@@ -79,7 +90,7 @@ pub fn init(preloading: bool) {
             context(),
             GucFlags::default(),
             None,
-            Some(invalidate_caches),
+            None,
             None,
         );
         GucRegistry::define_string_guc_with_hooks(
@@ -90,7 +101,7 @@ pub fn init(preloading: bool) {
             context(),
             GucFlags::default(),
             None,
-            Some(invalidate_caches),
+            None,
             None,
         );
         GucRegistry::define_string_guc_with_hooks(
@@ -101,7 +112,7 @@ pub fn init(preloading: bool) {
             context(),
             GucFlags::default(),
             None,
-            Some(invalidate_caches),
+            None,
             None,
         );
         GucRegistry::define_string_guc_with_hooks(
@@ -112,7 +123,7 @@ pub fn init(preloading: bool) {
             context(),
             GucFlags::SUPERUSER_ONLY,
             None,
-            Some(invalidate_caches),
+            None,
             None,
         );
         GucRegistry::define_int_guc_with_hooks(
@@ -120,8 +131,8 @@ pub fn init(preloading: bool) {
             c"How long the registry keeps a worker id claim after its last renewal.",
             c"The claim is renewed every fifth of this; a server that cannot renew stops issuing IDs half of it after its last renewal.",
             &CLAIM_TTL,
-            crate::claim::MIN_CLAIM_TTL_MS as i32,
-            crate::claim::MAX_CLAIM_TTL_MS as i32,
+            snowflake_core::claim::MIN_CLAIM_TTL_MS as i32,
+            snowflake_core::claim::MAX_CLAIM_TTL_MS as i32,
             context(),
             GucFlags::UNIT_MS,
             None,
@@ -132,6 +143,21 @@ pub fn init(preloading: bool) {
         reserve_prefix();
     }
     note_rejected_at_start(&placeholders);
+    if preloading {
+        let worker_id = raw(&WORKER_ID);
+        let datacenter_id = raw(&DATACENTER_ID);
+        let epoch = raw(&EPOCH);
+        let registry = raw(&REGISTRY);
+        let _ = AT_START.set(AtStart {
+            config: Config::parse(
+                worker_id.as_deref(),
+                datacenter_id.as_deref(),
+                epoch.as_deref(),
+                registry.as_deref(),
+            ),
+            epoch: settings::parse_epoch_setting(epoch.as_deref()),
+        });
+    }
 }
 
 /// # Safety
@@ -371,32 +397,16 @@ unsafe fn reserve_prefix() {
     unsafe { pg_sys::MarkGUCPrefixReserved(c"snowflake".as_ptr()) }
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn invalidate_caches(_newval: *const c_char, _extra: *mut c_void) {
-    CONFIG.with(|c| c.borrow_mut().take());
-    EPOCH_CACHE.with(|c| c.borrow_mut().take());
-}
-
 fn raw(setting: &GucSetting<Option<CString>>) -> Option<String> {
     setting
         .get()
         .map(|s| CStr::to_string_lossy(&s).into_owned())
 }
 
-/// The validated configuration for generation (cached per backend).
-pub fn config() -> Result<Config, SettingError> {
-    CONFIG.with(|cell| {
-        cell.borrow_mut()
-            .get_or_insert_with(|| {
-                Config::parse(
-                    raw(&WORKER_ID).as_deref(),
-                    raw(&DATACENTER_ID).as_deref(),
-                    raw(&EPOCH).as_deref(),
-                    raw(&REGISTRY).as_deref(),
-                )
-            })
-            .clone()
-    })
+/// The validated configuration for generation, as parsed at server start. `None` without
+/// preload (generation refuses before it asks).
+pub fn config() -> Option<Result<Config, SettingError>> {
+    AT_START.get().map(|at_start| at_start.config.clone())
 }
 
 /// `snowflake.registry` as configured (None: unset or empty).
@@ -407,15 +417,13 @@ pub fn registry() -> Option<String> {
 }
 
 /// The claim timing from `snowflake.claim_ttl`.
-pub fn claim_timing() -> crate::claim::ClaimTiming {
-    crate::claim::ClaimTiming::new(CLAIM_TTL.get() as u64)
+pub fn claim_timing() -> snowflake_core::claim::ClaimTiming {
+    snowflake_core::claim::ClaimTiming::new(CLAIM_TTL.get() as u64)
 }
 
-/// The validated epoch alone, for the decode functions (which need no worker id).
-pub fn epoch() -> Result<Epoch, SettingError> {
-    EPOCH_CACHE.with(|cell| {
-        cell.borrow_mut()
-            .get_or_insert_with(|| settings::parse_epoch_setting(raw(&EPOCH).as_deref()))
-            .clone()
-    })
+/// The validated epoch alone, as parsed at server start, for the decode functions (which
+/// need no worker id). `None` without preload: then no setting decides how IDs decode (a
+/// reload could change it under an IMMUTABLE function); see `api::decode_epoch`.
+pub fn epoch() -> Option<Result<Epoch, SettingError>> {
+    AT_START.get().map(|at_start| at_start.epoch.clone())
 }

@@ -1,28 +1,23 @@
 //! snowflake: Twitter-style Snowflake IDs generated inside PostgreSQL.
 //!
-//! Pure logic (no pgrx): [`layout`], [`settings`], [`generator`], [`durable`], [`foreign`],
-//! [`ratelimit`]. Glue: [`gucs`] (settings), [`shmem`] (shared memory), [`errors`], `wal`
-//! (the custom WAL resource manager and the wait for synchronous standbys), `waits` (latch
-//! waits, the monotonic clock) and `api` (SQL functions).
+//! The pure logic lives in the `snowflake-core` crate (no pgrx). This crate is the glue:
+//! [`gucs`] (settings), [`shmem`] (shared memory), [`errors`] (ereport with SQLSTATE, DETAIL
+//! and HINT), `wal` (the custom WAL resource manager and the wait for synchronous standbys),
+//! `waits` (latch waits, the monotonic clock), `rows` (datums and composite rows), `fleet`
+//! and `registry` (the worker-id registry) and `api` (SQL functions). See the README's
+//! "Architecture" section.
 
 use pgrx::prelude::*;
-
-pub mod durable;
-pub mod foreign;
-pub mod generator;
-pub mod layout;
-pub mod ratelimit;
-pub mod settings;
+use snowflake_core::settings;
 
 mod api;
-pub mod claim;
-pub mod errors;
+mod errors;
 mod fleet;
-pub mod gucs;
+mod gucs;
 mod origin;
 mod registry;
 mod rows;
-pub mod shmem;
+mod shmem;
 mod waits;
 mod wal;
 
@@ -44,7 +39,7 @@ pub extern "C-unwind" fn _PG_init() {
         shmem::init();
         wal::register(gucs::rmgr_id());
         warn_about_settings();
-        if let Ok(config) = gucs::config() {
+        if let Some(Ok(config)) = gucs::config() {
             fleet::register(&config);
         }
     }
@@ -68,8 +63,9 @@ fn warn_about_settings() {
         errors::setting(&rejected).warn();
     }
     match gucs::config() {
-        Err(e) => errors::setting(&e).warn(),
-        Ok(config) => {
+        None => {}
+        Some(Err(e)) => errors::setting(&e).warn(),
+        Some(Ok(config)) => {
             if let settings::WorkerId::Fixed(worker_id) = config.worker_id {
                 if gucs::registry().is_some() {
                     errors::registry_unused(worker_id).warn();

@@ -14,7 +14,7 @@
 use pgrx::prelude::*;
 
 use crate::errors::{self, SnowflakeError};
-use crate::layout::Epoch;
+use snowflake_core::layout::Epoch;
 
 /// One row of `snowflake_origin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +74,23 @@ pub(crate) fn rows() -> Result<Vec<OriginRow>, SnowflakeError> {
         }
         Ok(rows)
     })
+}
+
+/// The epoch this database's rows record (`None`: no rows). Rows that disagree are an
+/// error: no single epoch decodes all of this database's IDs.
+pub(crate) fn recorded_epoch() -> Result<Option<Epoch>, SnowflakeError> {
+    let rows = rows()?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    if let Some(other) = rows.iter().find(|r| r.epoch_unix_ms != first.epoch_unix_ms) {
+        return Err(errors::origin_epochs_disagree(
+            first.epoch_unix_ms,
+            other.epoch_unix_ms,
+        ));
+    }
+    // rows() refused every epoch out of range.
+    Ok(Epoch::from_unix_ms(first.epoch_unix_ms))
 }
 
 /// Refuses if a row records another epoch than `epoch`. The caller caches a success for

@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
-use crate::claim::{self, ClaimChoice, ClockSample, Granted};
-use crate::settings::redacted;
+use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted};
+use snowflake_core::settings::redacted;
 
 /// A failed request, as text for the log and for callers' DETAIL.
 #[derive(Debug, Clone, PartialEq, Eq)]

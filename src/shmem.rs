@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic, PgLwLock};
 
-use crate::claim::{ClaimStatus, Fence};
-use crate::generator::{Events, Generator};
-use crate::ratelimit::RateLimiter;
+use snowflake_core::claim::{ClaimStatus, Fence};
+use snowflake_core::generator::{Events, Generator};
+use snowflake_core::ratelimit::RateLimiter;
 
 /// Generator state shared by every backend of the server.
 #[derive(Debug, Clone, Copy, Default)]

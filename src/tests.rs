@@ -7,8 +7,8 @@ use pgrx::prelude::*;
 mod tests {
     use pgrx::prelude::*;
 
-    use crate::durable;
-    use crate::layout::{self, TWITTER_EPOCH_MS};
+    use snowflake_core::durable;
+    use snowflake_core::layout::{self, TWITTER_EPOCH_MS};
 
     fn ids(n: i64) -> Vec<i64> {
         Spi::get_one::<Vec<i64>>(&format!(

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use pgrx::prelude::*;
 
-use crate::durable::{self, LeaseRecord, PeerClock, StateFile};
-use crate::settings::format_unix_ms;
+use snowflake_core::durable::{self, LeaseRecord, PeerClock, StateFile};
+use snowflake_core::settings::format_unix_ms;
 
 /// `info` bits of a lease record (the high nibble is the resource manager's).
 const XLOG_SNOWFLAKE_LEASE: u8 = 0x10;

@@ -165,6 +165,19 @@ class Misconfiguration(unittest.TestCase):
             # A session still cannot change the settings.
             e = error_of(conn, "SET snowflake.worker_id = 3")
             self.assertEqual(e.sqlstate, "55P02")
+            decode = "SELECT (snowflake_decode(1541815603606036480)).unix_ms"
+            before = conn.execute(decode).fetchone()[0]
+            self.assertEqual(before, 1656432460105)
+            # Without preload a reload can change snowflake.epoch; decoding must not follow
+            # it (the functions are IMMUTABLE): it uses the epoch the database records.
+            conn.execute("ALTER SYSTEM SET snowflake.epoch = '2016-04-30 11:18:25.796+00'")
+            conn.execute("SELECT pg_reload_conf()")
+        with self.pg.connect() as conn:
+            self.assertEqual(conn.execute("SHOW snowflake.epoch").fetchone()[0],
+                             "2016-04-30 11:18:25.796+00")
+            self.assertEqual(conn.execute(decode).fetchone()[0], before)
+            conn.execute("ALTER SYSTEM RESET snowflake.epoch")
+            conn.execute("SELECT pg_reload_conf()")
         # A fresh CREATE EXTENSION also works without preload.
         self.pg.sql("DROP EXTENSION snowflake")
         self.pg.sql("CREATE EXTENSION snowflake")

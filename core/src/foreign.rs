@@ -215,7 +215,7 @@ mod tests {
             prop_assert_eq!(theirs.worker_id, Some(i32::from(ours.worker_id)));
             prop_assert_eq!(theirs.datacenter_id, Some(i32::from(ours.datacenter_id)));
             prop_assert_eq!(theirs.sequence, i32::from(ours.sequence));
-            prop_assert_eq!(pack(Parts { ..ours }).unwrap(), id);
+            prop_assert_eq!(pack(Parts { ..ours }), id);
         }
 
         /// Every layout decodes every non-negative ID without overflow.

@@ -13,7 +13,7 @@
 //! Durability: the generator only issues timestamps below its lease end, a high-water mark
 //! that the caller has made durable (file + WAL) beforehand. Past it, [`Next::NeedLease`]
 //! tells the caller to extend the lease ([`Generator::extend_lease`]) and retry. After a
-//! restart the generator resumes at the durable lease end ([`Generator::resume_at`]), so it
+//! restart the generator resumes at the durable lease end ([`Generator::resume`]), so it
 //! never reissues an ID, whatever the clock says.
 
 use crate::layout::{MAX_SEQUENCE, MAX_TIMESTAMP};
@@ -32,7 +32,7 @@ pub struct ClockPolicy {
 impl ClockPolicy {
     /// The default: absorb steps back of up to 1 s, wait out up to 10 ms more.
     pub const DEFAULT: ClockPolicy = ClockPolicy {
-        max_drift_ms: 1_000,
+        max_drift_ms: crate::settings::DEFAULT_MAX_CLOCK_DRIFT_MS as u64,
         max_wait_ms: 10,
     };
 }
@@ -158,12 +158,6 @@ pub enum GenerateError {
 }
 
 impl Generator {
-    /// The generator after a restart: `lease_end` is the durable lease end, so every ID
-    /// issued before the restart has a timestamp below it. Every new ID is at or above it.
-    pub fn resume_at(lease_end: u64) -> Generator {
-        Generator::resume(lease_end, lease_end, Resumed::Restart)
-    }
-
     /// The generator after a restart or a promotion: every new ID has a timestamp at or above
     /// `floor`; IDs below `lease_end` (the durable lease) may be issued without a new lease.
     pub fn resume(floor: u64, lease_end: u64, resumed: Resumed) -> Generator {
@@ -205,11 +199,6 @@ impl Generator {
     /// Timestamp of the last ID issued, if any.
     pub fn last_timestamp(&self) -> Option<u64> {
         self.started.then_some(self.last_timestamp)
-    }
-
-    /// End (exclusive) of the lease the generator may issue under.
-    pub fn lease_end(&self) -> u64 {
-        self.lease_end
     }
 
     /// Extends the lease to `lease_end` (never shrinks it). Call only once that lease is durable.
@@ -320,6 +309,11 @@ impl Generator {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The generator after a restart whose durable lease ended at `lease_end`.
+    fn resume_at(lease_end: u64) -> Generator {
+        Generator::resume(lease_end, lease_end, Resumed::Restart)
+    }
 
     const P: ClockPolicy = ClockPolicy::DEFAULT;
     const STRICT: ClockPolicy = ClockPolicy {
@@ -504,13 +498,13 @@ mod tests {
         );
         // Extending never shrinks.
         g.extend_lease(500);
-        assert_eq!(g.lease_end(), 1_100);
+        assert_eq!(g.lease_end, 1_100);
     }
 
     #[test]
     fn resume_after_restart_starts_at_the_lease_end() {
         // Durable lease end 10_000, clock 20 ms behind it.
-        let mut g = Generator::resume_at(10_000);
+        let mut g = resume_at(10_000);
         assert_eq!(g.last_timestamp(), None);
         assert_eq!(
             g.next(9_980, P),
@@ -523,12 +517,12 @@ mod tests {
         assert_eq!(issue(&mut g, 9_980, P), (10_000, 0));
         assert_eq!(issue(&mut g, 9_980, P), (10_000, 1));
         // The clock ahead of the lease end: the clock wins.
-        let mut g = Generator::resume_at(10_000);
+        let mut g = resume_at(10_000);
         g.extend_lease(20_000);
         assert_eq!(issue(&mut g, 10_050, P), (10_050, 0));
         // A restart within the lease: the clock is behind the resume point by design, and
         // callers wait for it whatever the policy (not an error, not a "step back").
-        let mut g = Generator::resume_at(10_000);
+        let mut g = resume_at(10_000);
         g.extend_lease(11_000);
         assert_eq!(g.next(5_000, P), Ok(Next::WaitUntil { wall_ms: 9_000 }));
         assert_eq!(
@@ -655,7 +649,7 @@ mod tests {
             for (delta, calls, crash) in steps {
                 wall = wall.saturating_add_signed(delta);
                 if crash {
-                    g = Generator::resume_at(durable_lease_end);
+                    g = resume_at(durable_lease_end);
                 }
                 for _ in 0..calls {
                     let before = g;
@@ -684,7 +678,7 @@ mod tests {
                         }
                         Ok(Next::NeedLease { timestamp, wall: w }) => {
                             prop_assert_eq!(w, wall);
-                            prop_assert!(timestamp >= g.lease_end());
+                            prop_assert!(timestamp >= g.lease_end);
                             prop_assert_eq!((g.last_timestamp, g.sequence), (before.last_timestamp, before.sequence));
                             durable_lease_end = durable_lease_end.max(timestamp.max(wall) + window);
                             g.extend_lease(durable_lease_end);

@@ -4,7 +4,9 @@
 //! reaches this code instead of being replaced by PostgreSQL's built-in default with only a
 //! WARNING in the log. Every value is checked here, and a bad one makes generation refuse.
 
-use crate::layout::{Epoch, MAX_DATACENTER_ID, MAX_TIMESTAMP, MAX_WORKER_ID, TWITTER_EPOCH_MS};
+use std::ffi::CStr;
+
+use crate::layout::{Epoch, MAX_DATACENTER_ID, MAX_TIMESTAMP, MAX_WORKER_ID};
 
 /// Name of the worker id setting.
 pub const WORKER_ID: &str = "snowflake.worker_id";
@@ -16,8 +18,24 @@ pub const EPOCH: &str = "snowflake.epoch";
 pub const REGISTRY: &str = "snowflake.registry";
 /// The value of `snowflake.worker_id` that claims a worker id from the registry.
 pub const AUTO: &str = "auto";
-/// The default epoch as it is written in `postgresql.conf`.
-pub const DEFAULT_EPOCH_TEXT: &str = "2010-11-04 01:42:54.657+00";
+/// The default epoch as it is written in `postgresql.conf` (Twitter's; a test checks that
+/// it parses to [`crate::layout::TWITTER_EPOCH_MS`]). A C string: it is also the GUC's boot value.
+pub const DEFAULT_EPOCH: &CStr = c"2010-11-04 01:42:54.657+00";
+/// [`DEFAULT_EPOCH`] as text.
+pub const DEFAULT_EPOCH_TEXT: &str = match DEFAULT_EPOCH.to_str() {
+    Ok(text) => text,
+    Err(_) => panic!("the default epoch is ASCII"),
+};
+/// Default of `snowflake.datacenter_id`.
+pub const DEFAULT_DATACENTER_ID: &CStr = c"0";
+/// Default of `snowflake.max_clock_drift` (ms): steps back up to this are absorbed.
+pub const DEFAULT_MAX_CLOCK_DRIFT_MS: u32 = 1_000;
+/// Default of `snowflake.max_clock_wait` (ms), with `clock_behind_action = 'wait'`.
+pub const DEFAULT_MAX_CLOCK_WAIT_MS: u32 = 10_000;
+/// Default of `snowflake.lease_window` (ms): how far ahead each durable lease reaches.
+pub const DEFAULT_LEASE_WINDOW_MS: u32 = 1_000;
+/// Default of `snowflake.warning_interval` (ms) between repeated server-wide WARNINGs.
+pub const DEFAULT_WARNING_INTERVAL_MS: u32 = 10_000;
 
 /// A configuration that passed validation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,9 +288,6 @@ pub fn check_epoch_at(epoch: Epoch, now_ms: i64) -> Result<(), EpochProblem> {
     }
 }
 
-/// The default epoch, in Unix ms (for documentation and tests).
-pub const DEFAULT_EPOCH_MS: i64 = TWITTER_EPOCH_MS;
-
 /// A small ISO-8601 parser: `YYYY-MM-DD[T| ]HH:MM[:SS[.fff]]` followed by `Z`, `UTC`, or
 /// `±HH[[:]MM]`. The zone is required, so a server's `TimeZone` can never shift the epoch.
 fn parse_iso8601_ms(text: &str) -> Result<i64, &'static str> {
@@ -465,7 +480,7 @@ pub fn format_unix_ms(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::DISCORD_EPOCH_MS;
+    use crate::layout::{DISCORD_EPOCH_MS, TWITTER_EPOCH_MS};
     use proptest::prelude::*;
 
     #[test]
@@ -488,7 +503,7 @@ mod tests {
         assert_eq!(c.epoch.unix_ms(), TWITTER_EPOCH_MS);
         assert_eq!(
             parse_epoch(DEFAULT_EPOCH_TEXT).unwrap().unix_ms(),
-            DEFAULT_EPOCH_MS
+            TWITTER_EPOCH_MS
         );
     }
 

@@ -34,8 +34,6 @@ pub const MAX_WORKER_ID: u8 = (1 << WORKER_BITS) - 1;
 pub const MAX_SEQUENCE: u16 = (1 << SEQUENCE_BITS) - 1;
 /// Largest timestamp, in milliseconds since the epoch (2^41 - 1, about 69.7 years).
 pub const MAX_TIMESTAMP: u64 = (1 << TIMESTAMP_BITS) - 1;
-/// IDs one worker can issue per millisecond.
-pub const IDS_PER_MS: u32 = 1 << SEQUENCE_BITS;
 
 /// Twitter's epoch, 2010-11-04T01:42:54.657Z, in Unix milliseconds. Our default.
 pub const TWITTER_EPOCH_MS: i64 = 1_288_834_974_657;
@@ -60,15 +58,6 @@ pub struct Parts {
 pub enum LayoutError {
     /// IDs are non-negative: bit 63 is always 0.
     NegativeId(i64),
-    /// A field is wider than its bits.
-    FieldOutOfRange {
-        /// Which field.
-        field: &'static str,
-        /// The value given.
-        value: u64,
-        /// The largest value that fits.
-        max: u64,
-    },
     /// A time before the epoch.
     BeforeEpoch {
         /// The time, in Unix milliseconds.
@@ -85,22 +74,14 @@ pub enum LayoutError {
     },
 }
 
-/// Packs the fields into an ID, checking every field's range.
-pub fn pack(parts: Parts) -> Result<i64, LayoutError> {
-    check_field("timestamp", parts.timestamp, MAX_TIMESTAMP)?;
-    check_field(
-        "datacenter_id",
-        parts.datacenter_id.into(),
-        MAX_DATACENTER_ID.into(),
-    )?;
-    check_field("worker_id", parts.worker_id.into(), MAX_WORKER_ID.into())?;
-    check_field("sequence", parts.sequence.into(), MAX_SEQUENCE.into())?;
-    Ok(pack_unchecked(parts))
-}
-
-/// Packs fields already known to be in range (the generator's hot path).
+/// Packs fields into an ID. Every field must be in range (the generator and the converters
+/// only produce such fields); debug builds check it.
 #[inline]
-pub const fn pack_unchecked(parts: Parts) -> i64 {
+pub const fn pack(parts: Parts) -> i64 {
+    debug_assert!(parts.timestamp <= MAX_TIMESTAMP);
+    debug_assert!(parts.datacenter_id <= MAX_DATACENTER_ID);
+    debug_assert!(parts.worker_id <= MAX_WORKER_ID);
+    debug_assert!(parts.sequence <= MAX_SEQUENCE);
     ((parts.timestamp << TIMESTAMP_SHIFT)
         | ((parts.datacenter_id as u64) << DATACENTER_SHIFT)
         | ((parts.worker_id as u64) << WORKER_SHIFT)
@@ -119,14 +100,6 @@ pub fn unpack(id: i64) -> Result<Parts, LayoutError> {
         worker_id: ((bits >> WORKER_SHIFT) & u64::from(MAX_WORKER_ID)) as u8,
         sequence: (bits & u64::from(MAX_SEQUENCE)) as u16,
     })
-}
-
-fn check_field(field: &'static str, value: u64, max: u64) -> Result<(), LayoutError> {
-    if value > max {
-        Err(LayoutError::FieldOutOfRange { field, value, max })
-    } else {
-        Ok(())
-    }
 }
 
 /// An epoch: the Unix millisecond that timestamp 0 stands for.
@@ -189,7 +162,7 @@ impl Epoch {
     /// The smallest ID of the millisecond `unix_ms`: datacenter, worker and sequence all 0.
     pub fn first_id_at(self, unix_ms: i64) -> Result<i64, LayoutError> {
         let timestamp = self.timestamp_of(unix_ms)?;
-        Ok(pack_unchecked(Parts {
+        Ok(pack(Parts {
             timestamp,
             datacenter_id: 0,
             worker_id: 0,
@@ -222,7 +195,7 @@ mod tests {
         );
         assert_eq!((parts.datacenter_id, parts.worker_id), (11, 26));
         assert_eq!(parts.sequence, 0);
-        assert_eq!(pack(parts), Ok(1_541_815_603_606_036_480));
+        assert_eq!(pack(parts), 1_541_815_603_606_036_480);
     }
 
     /// Discord developer documentation, Reference, "Snowflakes" (the ID format table):
@@ -239,7 +212,7 @@ mod tests {
         assert_eq!(parts.datacenter_id, 1);
         assert_eq!(parts.worker_id, 0);
         assert_eq!(parts.sequence, 7);
-        assert_eq!(pack(parts), Ok(175_928_847_299_117_063));
+        assert_eq!(pack(parts), 175_928_847_299_117_063);
     }
 
     #[test]
@@ -250,62 +223,11 @@ mod tests {
             worker_id: MAX_WORKER_ID,
             sequence: MAX_SEQUENCE,
         };
-        assert_eq!(pack(max), Ok(i64::MAX));
+        assert_eq!(pack(max), i64::MAX);
         assert_eq!(unpack(i64::MAX), Ok(max));
         assert_eq!(unpack(0).unwrap().timestamp, 0);
         assert_eq!(unpack(-1), Err(LayoutError::NegativeId(-1)));
         assert_eq!(unpack(i64::MIN), Err(LayoutError::NegativeId(i64::MIN)));
-    }
-
-    #[test]
-    fn pack_rejects_wide_fields() {
-        let ok = Parts {
-            timestamp: 1,
-            datacenter_id: 1,
-            worker_id: 1,
-            sequence: 1,
-        };
-        assert!(matches!(
-            pack(Parts {
-                timestamp: MAX_TIMESTAMP + 1,
-                ..ok
-            }),
-            Err(LayoutError::FieldOutOfRange {
-                field: "timestamp",
-                ..
-            })
-        ));
-        assert!(matches!(
-            pack(Parts {
-                datacenter_id: 32,
-                ..ok
-            }),
-            Err(LayoutError::FieldOutOfRange {
-                field: "datacenter_id",
-                value: 32,
-                max: 31
-            })
-        ));
-        assert!(matches!(
-            pack(Parts {
-                worker_id: 32,
-                ..ok
-            }),
-            Err(LayoutError::FieldOutOfRange {
-                field: "worker_id",
-                ..
-            })
-        ));
-        assert!(matches!(
-            pack(Parts {
-                sequence: 4096,
-                ..ok
-            }),
-            Err(LayoutError::FieldOutOfRange {
-                field: "sequence",
-                ..
-            })
-        ));
     }
 
     #[test]
@@ -351,27 +273,27 @@ mod tests {
     proptest! {
         #[test]
         fn pack_unpack_round_trip(parts in any_parts()) {
-            let id = pack(parts).unwrap();
+            let id = pack(parts);
             prop_assert!(id >= 0);
             prop_assert_eq!(unpack(id).unwrap(), parts);
         }
 
         #[test]
         fn unpack_pack_round_trip(id in 0..=i64::MAX) {
-            prop_assert_eq!(pack(unpack(id).unwrap()).unwrap(), id);
+            prop_assert_eq!(pack(unpack(id).unwrap()), id);
         }
 
         #[test]
         fn order_follows_fields(a in any_parts(), b in any_parts()) {
             let key = |p: Parts| (p.timestamp, p.datacenter_id, p.worker_id, p.sequence);
-            prop_assert_eq!(pack(a).unwrap().cmp(&pack(b).unwrap()), key(a).cmp(&key(b)));
+            prop_assert_eq!(pack(a).cmp(&pack(b)), key(a).cmp(&key(b)));
         }
 
         #[test]
         fn first_id_is_the_smallest_of_its_millisecond(parts in any_parts()) {
             let e = Epoch::TWITTER;
             let first = e.first_id_at(e.to_unix_ms(parts.timestamp)).unwrap();
-            let id = pack(parts).unwrap();
+            let id = pack(parts);
             prop_assert!(first <= id);
             prop_assert!(id < first + (1 << TIMESTAMP_SHIFT));
         }

@@ -1,0 +1,19 @@
+//! The pure logic of the snowflake extension, with no pgrx and no PostgreSQL: the compiler
+//! keeps it that way, and `cargo test -p snowflake-core` runs its unit and property tests
+//! without a server.
+//!
+//! - [`layout`]: the 64-bit layout, packing and unpacking, the two kinds of milliseconds.
+//! - [`settings`]: parsing and checking the server settings into a [`settings::Config`].
+//! - [`generator`]: the generator's state machine (clock, sequence, lease).
+//! - [`durable`]: the records that make IDs survive crashes (state file, WAL lease, layout).
+//! - [`foreign`]: decoding other generators' layouts (Discord, Instagram, Sonyflake, ...).
+//! - [`claim`]: worker-id claims from a registry: timing, fences, clock checks.
+//! - [`ratelimit`]: the limiter for server-wide WARNINGs.
+
+pub mod claim;
+pub mod durable;
+pub mod foreign;
+pub mod generator;
+pub mod layout;
+pub mod ratelimit;
+pub mod settings;
