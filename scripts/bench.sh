@@ -6,8 +6,8 @@
 #   scripts/bench.sh --quick         smaller sizes, for a smoke test
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DIR=/var/tmp/snowflake-bench
-PORT=55600
+DIR="$(run_dir bench)"
+PORT=55600  # names the socket in $DIR only: no TCP listener
 PG_MAJORS="$PG_MAJOR" "$REPO_ROOT/scripts/setup.sh"
 install_extension
 

@@ -4,8 +4,8 @@
 # Usage: scripts/regress.sh [--update]   (--update copies results over the expected files)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DIR=/var/tmp/snowflake-regress
-PORT=55432
+DIR="$(run_dir "regress-pg$PG_MAJOR")"
+PORT=55432  # names the socket in $DIR only: no TCP listener
 OUT="$DIR/out"
 PG_REGRESS="$("$PG_CONFIG" --pkglibdir)/pgxs/src/test/regress/pg_regress"
 SUITE="$REPO_ROOT/tests/pg_regress"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, skipping what is already there:
-# Debian packages, PostgreSQL 17/18 source builds (for the majors in PG_MAJORS),
+# Debian packages, PostgreSQL 16/17/18 source builds (for the majors in PG_MAJORS),
 # cargo-pgrx 0.18.1, and `cargo pgrx init` for every major.
 #   PG_MAJORS="15 17 18" scripts/setup.sh      (default: 15)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -8,7 +8,7 @@ majors="${PG_MAJORS:-15}"
 
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-client-15
-    libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg
+    libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg dpkg-dev
     redis-server
 )
 missing=()
@@ -39,7 +39,7 @@ fi
 config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
 args=()
 needed=0
-for m in 15 17 18; do
+for m in 15 16 17 18; do
     pgc="$(pg_config_of "$m")"
     [ -x "$pgc" ] || continue
     args+=("--pg$m" "$pgc")

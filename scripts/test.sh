@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test, installing what it needs first (idempotent), on PostgreSQL 15, 17 and 18
+# Runs every test, installing what it needs first (idempotent), on PostgreSQL 15, 16, 17 and 18
 # (PG_MAJORS overrides the list):
 #   1. cargo fmt --check, cargo clippy -D warnings, the released-scripts rule
 #   2. per major: cargo pgrx test (pure Rust unit/property tests and #[pg_test]s in a
@@ -9,7 +9,12 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 started=$SECONDS
-export PG_MAJORS="${PG_MAJORS:-15 17 18}"
+export PG_MAJORS="${PG_MAJORS:-15 16 17 18}"
+# This run's clusters (pgrx's test cluster, pg_regress's, the integration tests') live here,
+# so that two runs on one machine do not collide; removed when every test passed.
+SNOWFLAKE_RUN_DIR="$(mktemp -d /var/tmp/snowflake-test.XXXXXX)"
+export SNOWFLAKE_RUN_DIR SNOWFLAKE_IT_BASE="$SNOWFLAKE_RUN_DIR/it"
+chmod 755 "$SNOWFLAKE_RUN_DIR"
 
 "$REPO_ROOT/scripts/setup.sh"
 
@@ -30,9 +35,9 @@ for major in $PG_MAJORS; do
     cargo clippy --all-targets --no-default-features --features "pg$major pg_test" -- -D warnings
 
     log "PostgreSQL $major: cargo pgrx test (unit, property and #[pg_test] tests)"
-    PGRX_TEST_DIR="/var/tmp/snowflake-pgrx-test/pg$major"
+    PGRX_TEST_DIR="$SNOWFLAKE_RUN_DIR/pgrx-test-pg$major"
     mkdir -p "$PGRX_TEST_DIR"
-    chown postgres: "$PGRX_TEST_DIR" "$(dirname "$PGRX_TEST_DIR")"
+    chown postgres: "$PGRX_TEST_DIR"
     cargo pgrx test "pg$major" --runas postgres --pgdata "$PGRX_TEST_DIR/data"
 
     # cargo pgrx test installed a build with test functions; install the release package
@@ -48,4 +53,5 @@ for major in $PG_MAJORS; do
     log "PostgreSQL $major: passed ($((SECONDS - started)) s so far)"
 done
 
+rm -rf "$SNOWFLAKE_RUN_DIR"
 log "All tests passed on PostgreSQL ${PG_MAJORS} in $((SECONDS - started)) s"

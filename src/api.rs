@@ -398,8 +398,10 @@ enum Pending {
     Act(Next),
     /// Wait for the synchronous standbys to confirm the lease record ending at this LSN.
     Confirm(u64),
-    /// Give up.
-    Fail(Option<GenerateError>),
+    /// Give up: the generator refused.
+    Fail(GenerateError),
+    /// Give up: the wall clock is outside the epoch's 41-bit range.
+    OutsideEpoch,
 }
 
 /// What `take` did with the generator in one attempt.
@@ -438,9 +440,9 @@ fn attempt(
             Ok(Took::All) => Pending::Done,
             Ok(Took::Some) => Pending::More,
             Ok(Took::Wait(next)) => Pending::Act(next),
-            Err(e) => Pending::Fail(Some(e)),
+            Err(e) => Pending::Fail(e),
         },
-        Err(_) => Pending::Fail(None),
+        Err(_) => Pending::OutsideEpoch,
     };
     let events = shared.generator.events();
     let new_event = events.steps_back != shared.noticed.steps_back
@@ -525,8 +527,8 @@ fn drive(
             }
             Pending::Act(Next::WaitUntil { wall_ms }) => wait_for_clock(config.epoch, wall_ms),
             Pending::Act(Next::Issued(_)) => Ok(()),
-            Pending::Fail(Some(e)) => Err(errors::generate(e, config.epoch)),
-            Pending::Fail(None) => Err(match check_epoch_at(config.epoch, now_unix_ms()) {
+            Pending::Fail(e) => Err(errors::generate(e, config.epoch)),
+            Pending::OutsideEpoch => Err(match check_epoch_at(config.epoch, now_unix_ms()) {
                 Err(problem) => errors::epoch_problem(problem),
                 Ok(()) => errors::clock_stalled(0),
             }),

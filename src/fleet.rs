@@ -63,7 +63,8 @@ pub fn register(config: &Config) {
 #[no_mangle]
 pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let (Some(Ok(config)), Some(uri), Some(random)) = (gucs::config(), gucs::registry(), TOKEN.get())
+    let (Some(Ok(config)), Some(uri), Some(random)) =
+        (gucs::config(), gucs::registry(), TOKEN.get())
     else {
         return;
     };

@@ -1,4 +1,4 @@
-//! The GUCs, and cached, validated views of them.
+//! The GUCs, and validated views of them: the server-start settings parsed once at preload.
 //!
 //! The settings that decide uniqueness are strings so that a malformed or out-of-range value
 //! in `postgresql.conf` reaches [`snowflake_core::settings`] and makes generation refuse with an error
@@ -9,11 +9,12 @@
 //! With `shared_preload_libraries` they are `PGC_POSTMASTER`: only `postgresql.conf` or
 //! `ALTER SYSTEM` plus a restart change them. When the library is loaded later (CREATE
 //! EXTENSION without preload), defining a `PGC_POSTMASTER` GUC would be FATAL, so they are
-//! `PGC_SIGHUP` instead; sessions still cannot `SET` them, and generation is refused anyway.
+//! `PGC_SIGHUP` instead; sessions still cannot `SET` them, generation is refused anyway, and
+//! decoding does not read them (see `api::decode_epoch`).
 
 use std::cell::RefCell;
-use std::sync::OnceLock;
 use std::ffi::{c_void, CStr, CString};
+use std::sync::OnceLock;
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::prelude::*;

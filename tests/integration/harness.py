@@ -21,8 +21,13 @@ BASE = os.environ.get("SNOWFLAKE_IT_BASE", f"/var/tmp/snowflake-it-{os.getpid()}
 
 def _faketime_lib():
     """libfaketime's preload library for this machine's architecture (Debian's multiarch path)."""
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    return found[0] if found else "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+    arch = subprocess.run(["dpkg-architecture", "-qDEB_HOST_MULTIARCH"], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.strip()
+    found = glob.glob(f"/usr/lib/{arch}/faketime/libfaketime.so.1") if arch else []
+    found = found or sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        raise RuntimeError("libfaketime is not installed (Debian package libfaketime)")
+    return found[0]
 
 
 FAKETIME_LIB = _faketime_lib()
@@ -151,8 +156,15 @@ class Cluster:
     def reload(self, **settings):
         """Changes settings (see configure) and reloads the running server."""
         self.configure(**settings)
+        self.reload_conf()
+
+    def reload_conf(self):
+        """pg_reload_conf(), then waits until the postmaster has read the file: every new
+        backend has the new settings, and every open session takes them before its next
+        command."""
+        before = self.one("SELECT pg_conf_load_time()")
         self.sql("SELECT pg_reload_conf()")
-        time.sleep(0.3)
+        wait_until(lambda: self.one("SELECT pg_conf_load_time()") > before, what="the reload")
 
     def running(self):
         r = as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "status", check=False, capture=True)
@@ -218,6 +230,17 @@ class Cluster:
                 return f.read()
         except FileNotFoundError:
             return ""
+
+
+def wait_until(condition, timeout=30, what="the condition"):
+    """Polls `condition` until it is true; fails the test after `timeout` seconds. For
+    states a test waits for (a log line, a backend waiting); a fixed sleep would flake on a
+    loaded machine. Sleeps that let real time pass (past a lease) stay sleeps."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
 
 
 def error_of(conn, query, params=None):

@@ -13,7 +13,7 @@ import unittest
 
 import psycopg
 
-from harness import PG_BIN, Cluster, as_postgres, error_of
+from harness import PG_BIN, Cluster, as_postgres, error_of, wait_until
 
 PRELOAD = "'snowflake'"
 TABLE = """CREATE TABLE IF NOT EXISTS t (
@@ -101,9 +101,7 @@ class LiveClockSteps(unittest.TestCase):
         time.sleep(1.2)
 
     def reload(self, **settings):
-        self.pg.configure(**settings)
-        self.pg.sql("SELECT pg_reload_conf()")
-        time.sleep(0.3)
+        self.pg.reload(**settings)
 
     def test_steps_of_milliseconds(self):
         before = stats(self.pg)["clock_steps_back"]
@@ -198,8 +196,8 @@ class RestartAfterFaults(unittest.TestCase):
         time.sleep(0.3)
         os.kill(pid, signal.SIGKILL)
         sleeper.join()
-        time.sleep(1.0)  # the postmaster reinitialises shared memory and recovers
-        self.assertIn("terminated by signal 9", self.pg.log())
+        # The postmaster reinitialises shared memory and recovers; connect() retries.
+        wait_until(lambda: "terminated by signal 9" in self.pg.log(), what="the crash in the log")
         self.check_new_ids_above(highest)
 
     @staticmethod
@@ -267,8 +265,7 @@ class StandbyPromotion(unittest.TestCase):
 
             # More IDs after the backup: their lease records reach the standby by streaming.
             # A longer lease window makes the point: IDs far below the lease end are safe.
-            primary.configure(snowflake__lease_window="'5s'")
-            primary.sql("SELECT pg_reload_conf()")
+            primary.reload(snowflake__lease_window="'5s'")
             time.sleep(1.2)  # past the first lease, so that a new record is written
             primary.sql("INSERT INTO t (client, n) SELECT 1, g FROM generate_series(1, 5000) g")
             returned = primary.one("SELECT max(x) FROM (SELECT snowflake_next() x FROM generate_series(1, 5000)) s")

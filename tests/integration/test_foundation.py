@@ -171,13 +171,13 @@ class Misconfiguration(unittest.TestCase):
             # Without preload a reload can change snowflake.epoch; decoding must not follow
             # it (the functions are IMMUTABLE): it uses the epoch the database records.
             conn.execute("ALTER SYSTEM SET snowflake.epoch = '2016-04-30 11:18:25.796+00'")
-            conn.execute("SELECT pg_reload_conf()")
+            self.pg.reload_conf()
         with self.pg.connect() as conn:
             self.assertEqual(conn.execute("SHOW snowflake.epoch").fetchone()[0],
                              "2016-04-30 11:18:25.796+00")
             self.assertEqual(conn.execute(decode).fetchone()[0], before)
             conn.execute("ALTER SYSTEM RESET snowflake.epoch")
-            conn.execute("SELECT pg_reload_conf()")
+            self.pg.reload_conf()
         # A fresh CREATE EXTENSION also works without preload.
         self.pg.sql("DROP EXTENSION snowflake")
         self.pg.sql("CREATE EXTENSION snowflake")
