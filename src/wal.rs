@@ -37,7 +37,8 @@ pub fn register(rmgr_id: u8) {
         ..Default::default()
     };
     // SAFETY: called while preloading; PostgreSQL copies the struct, and the name is static.
-    unsafe { pg_sys::RegisterCustomRmgr(rmgr_id, &mut data) };
+    // A raw pointer: PostgreSQL 15 declares the parameter `RmgrData *`, 16+ `const`.
+    unsafe { pg_sys::RegisterCustomRmgr(rmgr_id, &raw mut data) };
     RMGR_ID.store(rmgr_id, Ordering::Relaxed);
 }
 
