@@ -6,7 +6,8 @@
 #   scripts/bench.sh --quick         smaller sizes, for a smoke test
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DIR="$(run_dir bench)"
+use_run_dir
+DIR="$SNOWFLAKE_RUN_DIR/bench"
 PORT=55600  # names the socket in $DIR only: no TCP listener
 PG_MAJORS="$PG_MAJOR" "$REPO_ROOT/scripts/setup.sh"
 install_extension

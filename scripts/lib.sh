@@ -29,18 +29,17 @@ export PATH="${HOME}/.cargo/bin:${PATH}"
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
-# run_dir NAME: a fresh directory for this run's clusters, under SNOWFLAKE_RUN_DIR when the
-# caller gives one (test.sh does), else under a new private directory. Two runs on one
+# use_run_dir: points SNOWFLAKE_RUN_DIR at a private directory for this run's clusters (a new
+# one unless the caller exported one: test.sh does, for all its scripts). Two runs on one
 # machine never share a path; servers listen only on a Unix socket inside their own
 # directory, so they never share a socket either, whatever the port number.
-run_dir() {
+use_run_dir() {
     if [ -z "${SNOWFLAKE_RUN_DIR:-}" ]; then
         SNOWFLAKE_RUN_DIR="$(mktemp -d /var/tmp/snowflake-run.XXXXXX)"
         export SNOWFLAKE_RUN_DIR
     fi
     # The postgres OS user must reach the clusters inside.
     chmod 755 "$SNOWFLAKE_RUN_DIR"
-    echo "$SNOWFLAKE_RUN_DIR/$1"
 }
 
 # Runs a command as the postgres OS user, keeping the given environment.

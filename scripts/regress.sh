@@ -4,7 +4,8 @@
 # Usage: scripts/regress.sh [--update]   (--update copies results over the expected files)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DIR="$(run_dir "regress-pg$PG_MAJOR")"
+use_run_dir
+DIR="$SNOWFLAKE_RUN_DIR/regress-pg$PG_MAJOR"
 PORT=55432  # names the socket in $DIR only: no TCP listener
 OUT="$DIR/out"
 PG_REGRESS="$("$PG_CONFIG" --pkglibdir)/pgxs/src/test/regress/pg_regress"

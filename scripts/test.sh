@@ -14,9 +14,9 @@ started=$SECONDS
 export PG_MAJORS="${PG_MAJORS:-15 17 18}"
 # This run's clusters (pgrx's test cluster, pg_regress's, the integration tests') live here,
 # so that two runs on one machine do not collide; removed when every test passed.
-SNOWFLAKE_RUN_DIR="$(mktemp -d /var/tmp/snowflake-test.XXXXXX)"
-export SNOWFLAKE_RUN_DIR SNOWFLAKE_IT_BASE="$SNOWFLAKE_RUN_DIR/it"
-chmod 755 "$SNOWFLAKE_RUN_DIR"
+SNOWFLAKE_RUN_DIR=""
+use_run_dir
+export SNOWFLAKE_IT_BASE="$SNOWFLAKE_RUN_DIR/it"
 
 "$REPO_ROOT/scripts/setup.sh"
 

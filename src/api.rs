@@ -68,9 +68,7 @@ fn generation_config(function: &'static str) -> errors::Result<Config> {
 
 #[cold]
 fn first_generation_config(function: &'static str) -> errors::Result<Config> {
-    if !shmem::is_available() {
-        return Err(errors::not_preloaded(function));
-    }
+    // Parsed at preload, like shared memory: None means the library was not preloaded.
     let config = gucs::config()
         .ok_or_else(|| errors::not_preloaded(function))?
         .map_err(|e| errors::setting(&e))?;

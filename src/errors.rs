@@ -408,8 +408,6 @@ pub fn failover_resume(floor_unix_ms: i64, lead_ms: i64, margin_ms: i64) -> Snow
     )
 }
 
-/// This database's IDs were generated with another epoch than the configured one (its
-/// `snowflake_origin` table says so; the state file may be gone, after pg_upgrade).
 /// Without preload, decoding takes the epoch from `snowflake_origin`, whose rows disagree.
 pub fn origin_epochs_disagree(first_ms: i64, other_ms: i64) -> SnowflakeError {
     SnowflakeError::new(
@@ -424,7 +422,8 @@ pub fn origin_epochs_disagree(first_ms: i64, other_ms: i64) -> SnowflakeError {
     )
 }
 
-/// The configured epoch differs from the one `snowflake_origin` records.
+/// This database's IDs were generated with another epoch than the configured one (its
+/// `snowflake_origin` table says so; the state file may be gone, after pg_upgrade).
 pub fn origin_epoch_mismatch(recorded_ms: i64, configured_ms: i64) -> SnowflakeError {
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

@@ -83,7 +83,7 @@ pub(crate) fn recorded_epoch() -> Result<Option<Epoch>, SnowflakeError> {
     let Some(first) = rows.first() else {
         return Ok(None);
     };
-    if let Some(other) = rows.iter().find(|r| r.epoch_unix_ms != first.epoch_unix_ms) {
+    if let Some(other) = disagreeing(&rows, first.epoch_unix_ms) {
         return Err(errors::origin_epochs_disagree(
             first.epoch_unix_ms,
             other.epoch_unix_ms,
@@ -101,13 +101,18 @@ pub(crate) fn check_epoch(epoch: Epoch) -> Result<(), SnowflakeError> {
 
 /// Refuses if one of `rows` records another epoch than `epoch`.
 pub(crate) fn epoch_agrees(rows: &[OriginRow], epoch: Epoch) -> Result<(), SnowflakeError> {
-    match rows.iter().find(|r| r.epoch_unix_ms != epoch.unix_ms()) {
+    match disagreeing(rows, epoch.unix_ms()) {
         Some(r) => Err(errors::origin_epoch_mismatch(
             r.epoch_unix_ms,
             epoch.unix_ms(),
         )),
         None => Ok(()),
     }
+}
+
+/// The first of `rows` that records another epoch than `epoch_unix_ms`.
+fn disagreeing(rows: &[OriginRow], epoch_unix_ms: i64) -> Option<&OriginRow> {
+    rows.iter().find(|r| r.epoch_unix_ms != epoch_unix_ms)
 }
 
 /// This cluster's system identifier (`pg_control_system().system_identifier`).
