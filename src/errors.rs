@@ -9,7 +9,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 use snowflake_core::durable::{self, LayoutRecord};
 use snowflake_core::generator::{Events, GenerateError};
-use snowflake_core::layout::{Epoch, LayoutError, MAX_TIMESTAMP};
+use snowflake_core::layout::{Epoch, LayoutError};
 use snowflake_core::settings::{self, format_unix_ms, EpochProblem, SettingError};
 
 /// An error ready to be raised.
@@ -239,7 +239,7 @@ pub fn generate(err: GenerateError, epoch: Epoch) -> SnowflakeError {
             format!(
                 "Timestamp {timestamp} does not fit in 41 bits; with epoch {}, IDs end at {}.",
                 ms(epoch.unix_ms()),
-                ms(epoch.to_unix_ms(MAX_TIMESTAMP))
+                ms(epoch.last_unix_ms())
             ),
             format!("Check the system clock; if it is right, a new cluster with a later {} is needed.", settings::EPOCH),
         ),
@@ -614,6 +614,25 @@ pub fn claim_fenced(datacenter_id: u8, worker_id: u8, registry: &str, why: &str)
         ),
         why.to_string(),
         "The server claims a worker id again as soon as the registry answers.",
+    )
+}
+
+/// The WARNING written when giving a claim back at shutdown fails: the worker id stays
+/// taken until its claim lapses.
+pub fn release_failed(
+    datacenter_id: u8,
+    worker_id: u8,
+    registry: &str,
+    why: &str,
+    ttl_ms: u64,
+) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+        format!(
+            "snowflake: could not release worker id {worker_id} in datacenter {datacenter_id} to {registry}"
+        ),
+        format!("{why}; the claim stays taken until it lapses, {ttl_ms} ms (snowflake.claim_ttl) after its last renewal."),
+        "If this server starts again before then, it claims another worker id; nothing else is needed.",
     )
 }
 

@@ -16,15 +16,14 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 
-use crate::api::{data_dir, now_unix_ms};
 use crate::errors;
 use crate::gucs;
 use crate::registry::{self, ClaimReply, ClaimRequest, Registry, RenewReply};
+use crate::server::{data_dir, monotonic_ms, now_unix_ms};
 use crate::shmem::{self, Node};
-use crate::waits::monotonic_ms;
 use snowflake_core::claim::{self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted};
 use snowflake_core::durable::{self, LastClaim};
-use snowflake_core::layout::{Epoch, MAX_WORKER_ID};
+use snowflake_core::layout::{UnixMs, MAX_WORKER_ID};
 use snowflake_core::settings::{redacted, Config, WorkerId};
 
 /// This postmaster's claim token: random, made once at preload, inherited by every process
@@ -94,18 +93,66 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         }
     };
     loop {
-        let wait_ms = holder.step(client.as_mut());
+        let wait_ms = {
+            let _deferred = SignalsDeferred::new();
+            holder.step(client.as_mut())
+        };
         if !BackgroundWorker::wait_latch(Some(Duration::from_millis(wait_ms))) {
             break;
         }
     }
-    holder.release(client.as_mut());
+    {
+        let _deferred = SignalsDeferred::new();
+        holder.release(client.as_mut());
+    }
     holder.report(
         ClaimStatus::Starting,
         "The registry worker is restarting.",
         0,
     );
     exit_for_restart();
+}
+
+/// Holds back asynchronous signals (SIGTERM, SIGHUP, the latch's SIGURG, SIGUSR1, ...)
+/// while it lives, and delivers them when dropped. A signal arriving in the middle of a
+/// registry request made the socket call fail with EINTR: at shutdown, the release was
+/// lost and the worker id stayed taken until its claim lapsed. Every request is bounded by
+/// the registry timeout, so a signal waits at most that long; the handlers only set flags
+/// and the latch, which the next `wait_latch` sees. SIGQUIT (immediate shutdown) and the
+/// synchronous fault signals stay open.
+struct SignalsDeferred {
+    previous: libc::sigset_t,
+}
+
+impl SignalsDeferred {
+    fn new() -> Self {
+        // SAFETY: sigset_t is plain data; the sig* calls only write the sets passed.
+        unsafe {
+            let mut deferred: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut deferred);
+            for open in [
+                libc::SIGQUIT,
+                libc::SIGABRT,
+                libc::SIGBUS,
+                libc::SIGFPE,
+                libc::SIGILL,
+                libc::SIGSEGV,
+                libc::SIGTRAP,
+            ] {
+                libc::sigdelset(&mut deferred, open);
+            }
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &deferred, &mut previous);
+            SignalsDeferred { previous }
+        }
+    }
+}
+
+impl Drop for SignalsDeferred {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved in `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.previous, std::ptr::null_mut()) };
+    }
 }
 
 /// Ends the worker with exit code 1, so that the postmaster starts it again (after 1 s)
@@ -216,12 +263,7 @@ impl Holder {
                             Granted::Free { high_water_unix_ms } => high_water_unix_ms.unwrap_or(0),
                             Granted::Own => fence.cap_unix_ms,
                         };
-                        let _ = client.release(
-                            self.config.datacenter_id,
-                            worker_id,
-                            &self.token,
-                            high_water,
-                        );
+                        self.give_back(client, worker_id, high_water);
                         self.report(ClaimStatus::Refused, &skew_text(skew), 0);
                         return heartbeat;
                     }
@@ -304,7 +346,7 @@ impl Holder {
         };
         let mut shared = shmem::GENERATOR.exclusive();
         if let Some(floor) = floor_unix_ms {
-            let floor_ts = timestamp_at(epoch, floor);
+            let floor_ts = epoch.timestamp_or_zero(UnixMs(floor));
             shared.claim_floor = shared.claim_floor.max(floor_ts);
             shared.generator.raise_floor(floor_ts);
             self.floor_unix_ms = floor;
@@ -357,7 +399,7 @@ impl Holder {
         let lease_end_unix_ms = {
             let durable_state = shmem::DURABLE.share();
             if durable_state.loaded {
-                Some(epoch.to_unix_ms(durable_state.lease_end))
+                Some(epoch.to_unix(durable_state.lease_end).0)
             } else {
                 None
             }
@@ -373,22 +415,28 @@ impl Holder {
             let mut shared = shmem::GENERATOR.exclusive();
             shared.fence = Fence::NONE;
             shared.generator.revoke_lease();
-            epoch.to_unix_ms(shared.generator.position())
+            epoch.to_unix(shared.generator.position()).0
         };
         let high_water =
             claim::release_high_water(position_unix_ms, lease_end_unix_ms, self.floor_unix_ms);
-        let _ = client.release(
-            self.config.datacenter_id,
-            worker_id,
-            &self.token,
-            high_water,
-        );
+        self.give_back(client, worker_id, high_water);
     }
-}
 
-/// Unix ms as a timestamp since the epoch (0 before it).
-fn timestamp_at(epoch: Epoch, unix_ms: i64) -> u64 {
-    unix_ms.saturating_sub(epoch.unix_ms()).max(0) as u64
+    /// Gives `worker_id` back to the registry with `high_water` as its mark. A failure is
+    /// logged: the id then stays taken until its claim lapses.
+    fn give_back(&self, client: &mut dyn Registry, worker_id: u8, high_water: i64) {
+        let datacenter_id = self.config.datacenter_id;
+        if let Err(e) = client.release(datacenter_id, worker_id, &self.token, high_water) {
+            errors::release_failed(
+                datacenter_id,
+                worker_id,
+                &self.uri,
+                &e.0,
+                self.timing.ttl_ms(),
+            )
+            .warn();
+        }
+    }
 }
 
 fn skew_text(skew: claim::SkewTooLarge) -> String {

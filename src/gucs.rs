@@ -10,7 +10,7 @@
 //! `ALTER SYSTEM` plus a restart change them. When the library is loaded later (CREATE
 //! EXTENSION without preload), defining a `PGC_POSTMASTER` GUC would be FATAL, so they are
 //! `PGC_SIGHUP` instead; sessions still cannot `SET` them, generation is refused anyway, and
-//! decoding does not read them (see `api::decode_epoch`).
+//! decoding does not read them (see `decode::epoch`).
 
 use std::cell::RefCell;
 use std::ffi::{c_void, CStr, CString};
@@ -424,7 +424,7 @@ pub fn claim_timing() -> snowflake_core::claim::ClaimTiming {
 
 /// The validated epoch alone, as parsed at server start, for the decode functions (which
 /// need no worker id). `None` without preload: then no setting decides how IDs decode (a
-/// reload could change it under an IMMUTABLE function); see `api::decode_epoch`.
+/// reload could change it under an IMMUTABLE function); see `decode::epoch`.
 pub fn epoch() -> Option<Result<Epoch, SettingError>> {
     AT_START.get().map(|at_start| at_start.epoch.clone())
 }

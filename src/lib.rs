@@ -2,23 +2,28 @@
 //!
 //! The pure logic lives in the `snowflake-core` crate (no pgrx). This crate is the glue:
 //! [`gucs`] (settings), [`shmem`] (shared memory), [`errors`] (ereport with SQLSTATE, DETAIL
-//! and HINT), `wal` (the custom WAL resource manager and the wait for synchronous standbys),
-//! `waits` (latch waits, the monotonic clock), `rows` (datums and composite rows), `fleet`
-//! and `registry` (the worker-id registry) and `api` (SQL functions). See the README's
+//! and HINT), `api` (the SQL functions, thin), `driver` (issuing), `lease` (the durable
+//! lease), `decode`, `stats`, `wal` (the custom WAL resource manager and the wait for
+//! synchronous standbys), `server` (data directory, clocks, latch waits), `rows` (datums
+//! and composite rows), `fleet` and `registry` (the worker-id registry). See the README's
 //! "Architecture" section.
 
 use pgrx::prelude::*;
 use snowflake_core::settings;
 
 mod api;
+mod decode;
+mod driver;
 mod errors;
 mod fleet;
 mod gucs;
+mod lease;
 mod origin;
 mod registry;
 mod rows;
+mod server;
 mod shmem;
-mod waits;
+mod stats;
 mod wal;
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -5,11 +5,11 @@
 //! The state file lives in the data directory, and pg_upgrade and pg_dump leave it behind.
 //! The table is an extension configuration table: both carry it. So a server that finds a
 //! row of another cluster knows that IDs already exist in this database whose lease it
-//! cannot see (see `api::adopt_origins`), and a server whose `snowflake.epoch` differs from
+//! cannot see (see `lease::adopt_origins`), and a server whose `snowflake.epoch` differs from
 //! a row's refuses to generate or decode instead of silently using the wrong epoch.
 //!
 //! Read through SPI, with every name schema-qualified, once per backend: the callers cache
-//! their success (`api::READY`, `api::decode_epoch`).
+//! their success (`lease::READY`, `decode::epoch`).
 
 use pgrx::prelude::*;
 
@@ -94,7 +94,7 @@ pub(crate) fn recorded_epoch() -> Result<Option<Epoch>, SnowflakeError> {
 }
 
 /// Refuses if a row records another epoch than `epoch`. The caller caches a success for
-/// the backend (`api::decode_epoch`).
+/// the backend (`decode::epoch`).
 pub(crate) fn check_epoch(epoch: Epoch) -> Result<(), SnowflakeError> {
     epoch_agrees(&rows()?, epoch)
 }

@@ -14,6 +14,30 @@ use pgrx::prelude::*;
 use pgrx::{AllocatedByRust, PgTupleDesc};
 
 use crate::errors::{self, SnowflakeError};
+use snowflake_core::foreign::ForeignParts;
+use snowflake_core::layout::UnixMs;
+
+/// Unix milliseconds of PostgreSQL's timestamp origin, 2000-01-01T00:00:00Z.
+const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
+
+/// A Unix millisecond as `timestamptz`.
+pub(crate) fn timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
+    let micros = (unix_ms - PG_EPOCH_UNIX_MS) * 1_000;
+    // Every epoch is at most year 9999 and 41 bits add ~70 years: always in range.
+    TimestampWithTimeZone::try_from(micros).unwrap_or_else(|_| {
+        errors::layout(snowflake_core::layout::LayoutError::AfterRange {
+            unix_ms,
+            last_ms: unix_ms,
+        })
+        .raise("snowflake_decode")
+    })
+}
+
+/// The Unix millisecond containing a finite `timestamptz` (rounded down).
+pub(crate) fn unix_ms_of(ts: TimestampWithTimeZone) -> UnixMs {
+    let micros: i64 = ts.into_inner();
+    UnixMs(micros.div_euclid(1_000) + PG_EPOCH_UNIX_MS)
+}
 
 /// One attribute of a result row: its name, the type of the value the extension puts
 /// there, and the value.
@@ -311,6 +335,25 @@ unsafe impl BoxRet for Int8Array {
         assert_eq!(self.filled, self.len, "batch not filled");
         unsafe { fcinfo.return_raw_datum(pg_sys::Datum::from(self.array)) }
     }
+}
+
+/// A `snowflake_parts` row.
+pub(crate) fn parts_row(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &'static str,
+    parts: &ForeignParts,
+) -> PgHeapTuple<'static, AllocatedByRust> {
+    result_row(
+        fcinfo,
+        function,
+        [
+            cell("ts", timestamptz(parts.unix_ms)),
+            cell("unix_ms", parts.unix_ms),
+            cell("datacenter_id", parts.datacenter_id),
+            cell("worker_id", parts.worker_id),
+            cell("sequence", parts.sequence),
+        ],
+    )
 }
 
 #[cfg(test)]

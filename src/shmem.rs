@@ -9,6 +9,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic, PgLwLock};
 
 use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::generator::{Events, Generator};
+use snowflake_core::layout::EpochMs;
 use snowflake_core::ratelimit::RateLimiter;
 
 /// Generator state shared by every backend of the server.
@@ -38,7 +39,7 @@ pub struct SharedGenerator {
     pub fence: Fence,
     /// Timestamp (since the epoch) above every ID an earlier holder of the claimed pair
     /// could have issued; re-applied when the generator is resumed. 0: none.
-    pub claim_floor: u64,
+    pub claim_floor: EpochMs,
 }
 
 /// A (datacenter, worker) pair.
@@ -59,7 +60,7 @@ pub struct SharedDurable {
     /// The state file was read and the generator resumed since shared memory was set up.
     pub loaded: bool,
     /// Durable lease end (exclusive), as a timestamp since the epoch.
-    pub lease_end: u64,
+    pub lease_end: EpochMs,
     /// End LSN of the WAL record of that lease (0 if none).
     pub lease_lsn: u64,
     /// Lease extensions written since start.

@@ -30,8 +30,8 @@ mod tests {
             assert_eq!((parts.worker_id, parts.datacenter_id), (7, 3));
         }
         // 20,000 IDs need at least 5 milliseconds of 4,096 each.
-        let first = layout::unpack(ids[0]).unwrap().timestamp;
-        let last = layout::unpack(ids[19_999]).unwrap().timestamp;
+        let first = layout::unpack(ids[0]).unwrap().timestamp.0;
+        let last = layout::unpack(ids[19_999]).unwrap().timestamp.0;
         assert!(last - first >= 4, "{first}..{last}");
     }
 

@@ -148,7 +148,7 @@ pub fn wait_for_confirmation(lsn: u64) -> Option<usize> {
         if confirmed(lsn, level) {
             return Some(level);
         }
-        crate::waits::sleep_ms(1);
+        crate::server::sleep_ms(1);
     }
 }
 
@@ -231,14 +231,14 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
             data.len()
         ),
     };
-    let dir = crate::api::data_dir();
+    let dir = crate::server::data_dir();
     // Only a missing file means "no lease yet". A file that cannot be read may hold a lease
     // beyond this record's: replacing it could move the lease back, so recovery stops.
     let existing = match durable::read(&dir) {
         Ok(state) => state,
         Err(e) => crate::errors::state_file_in_replay(&e).raise("snowflake_redo"),
     };
-    let peer = in_standby_mode().then(|| observed_peer_clock(&lease, crate::api::now_unix_ms()));
+    let peer = in_standby_mode().then(|| observed_peer_clock(&lease, crate::server::now_unix_ms()));
     if let Some(state) = StateFile::merged(existing.as_ref(), &lease, peer) {
         if let Err(e) = durable::write(&dir, &state) {
             // Recovery must not continue without the lease on disk.

@@ -211,7 +211,7 @@ mod tests {
         fn twitter_matches_our_layout(id in 0..=i64::MAX) {
             let ours = crate::layout::unpack(id).unwrap();
             let theirs = decode("twitter", id);
-            prop_assert_eq!(theirs.unix_ms, Epoch::TWITTER.to_unix_ms(ours.timestamp));
+            prop_assert_eq!(theirs.unix_ms, Epoch::TWITTER.to_unix(ours.timestamp).0);
             prop_assert_eq!(theirs.worker_id, Some(i32::from(ours.worker_id)));
             prop_assert_eq!(theirs.datacenter_id, Some(i32::from(ours.datacenter_id)));
             prop_assert_eq!(theirs.sequence, i32::from(ours.sequence));

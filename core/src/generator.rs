@@ -16,7 +16,7 @@
 //! restart the generator resumes at the durable lease end ([`Generator::resume`]), so it
 //! never reissues an ID, whatever the clock says.
 
-use crate::layout::{MAX_SEQUENCE, MAX_TIMESTAMP};
+use crate::layout::{EpochMs, MAX_SEQUENCE, MAX_TIMESTAMP};
 
 /// How far the ID clock may run ahead of the wall clock, and how long a caller may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,14 +105,14 @@ pub enum Next {
     /// Nothing issued: release the lock, wait until the wall clock reaches `wall_ms`, retry.
     WaitUntil {
         /// Wall-clock millisecond (since the epoch) to wait for.
-        wall_ms: u64,
+        wall_ms: EpochMs,
     },
     /// Nothing issued: make a lease covering `timestamp` durable, extend, retry.
     NeedLease {
         /// The timestamp the next ID would have.
-        timestamp: u64,
+        timestamp: EpochMs,
         /// The wall clock at the decision.
-        wall: u64,
+        wall: EpochMs,
     },
 }
 
@@ -120,7 +120,7 @@ pub enum Next {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Issued {
     /// Milliseconds since the epoch.
-    pub timestamp: u64,
+    pub timestamp: EpochMs,
     /// First sequence number within that millisecond.
     pub sequence: u16,
     /// How many consecutive sequence numbers were issued (1 for a single ID).
@@ -160,10 +160,10 @@ pub enum GenerateError {
 impl Generator {
     /// The generator after a restart or a promotion: every new ID has a timestamp at or above
     /// `floor`; IDs below `lease_end` (the durable lease) may be issued without a new lease.
-    pub fn resume(floor: u64, lease_end: u64, resumed: Resumed) -> Generator {
+    pub fn resume(floor: EpochMs, lease_end: EpochMs, resumed: Resumed) -> Generator {
         Generator {
-            last_timestamp: floor,
-            lease_end,
+            last_timestamp: floor.0,
+            lease_end: lease_end.0,
             resumed,
             ..Generator::default()
         }
@@ -171,7 +171,8 @@ impl Generator {
 
     /// Raises the resume point to `floor` (never lowers it): every later ID has a timestamp at
     /// or above it. A later ID below the floor is waited for, as after a restart.
-    pub fn raise_floor(&mut self, floor: u64) {
+    pub fn raise_floor(&mut self, floor: EpochMs) {
+        let floor = floor.0;
         let next_free = if self.started {
             self.last_timestamp + 1
         } else {
@@ -192,18 +193,18 @@ impl Generator {
     }
 
     /// The ID clock: at or above every timestamp issued, and at the floor before the first.
-    pub fn position(&self) -> u64 {
-        self.last_timestamp
+    pub fn position(&self) -> EpochMs {
+        EpochMs(self.last_timestamp)
     }
 
     /// Timestamp of the last ID issued, if any.
-    pub fn last_timestamp(&self) -> Option<u64> {
-        self.started.then_some(self.last_timestamp)
+    pub fn last_timestamp(&self) -> Option<EpochMs> {
+        self.started.then_some(EpochMs(self.last_timestamp))
     }
 
     /// Extends the lease to `lease_end` (never shrinks it). Call only once that lease is durable.
-    pub fn extend_lease(&mut self, lease_end: u64) {
-        self.lease_end = self.lease_end.max(lease_end);
+    pub fn extend_lease(&mut self, lease_end: EpochMs) {
+        self.lease_end = self.lease_end.max(lease_end.0);
     }
 
     /// The counters.
@@ -213,7 +214,7 @@ impl Generator {
 
     /// Decides the next ID for the wall-clock reading `wall` (ms since the epoch).
     #[inline]
-    pub fn next(&mut self, wall: u64, policy: ClockPolicy) -> Result<Next, GenerateError> {
+    pub fn next(&mut self, wall: EpochMs, policy: ClockPolicy) -> Result<Next, GenerateError> {
         self.next_run(wall, policy, 1, false)
     }
 
@@ -223,11 +224,12 @@ impl Generator {
     #[inline]
     pub fn next_run(
         &mut self,
-        wall: u64,
+        wall: EpochMs,
         policy: ClockPolicy,
         want: u16,
         contiguous: bool,
     ) -> Result<Next, GenerateError> {
+        let wall = wall.0;
         debug_assert!((1..=MAX_SEQUENCE + 1).contains(&want));
         let step_back_ms = self.wall_high.saturating_sub(wall);
         if wall < self.wall_last {
@@ -260,7 +262,7 @@ impl Generator {
         if ahead_ms > policy.max_drift_ms {
             let excess = ahead_ms - policy.max_drift_ms;
             let wait = Next::WaitUntil {
-                wall_ms: timestamp - policy.max_drift_ms,
+                wall_ms: EpochMs(timestamp - policy.max_drift_ms),
             };
             if excess <= policy.max_wait_ms.max(1) {
                 return Ok(wait);
@@ -288,7 +290,10 @@ impl Generator {
             return Err(GenerateError::TimestampExhausted { timestamp });
         }
         if timestamp >= self.lease_end {
-            return Ok(Next::NeedLease { timestamp, wall });
+            return Ok(Next::NeedLease {
+                timestamp: EpochMs(timestamp),
+                wall: EpochMs(wall),
+            });
         }
 
         self.events.issued += u64::from(count);
@@ -296,7 +301,7 @@ impl Generator {
         self.last_timestamp = timestamp;
         self.sequence = sequence + (count - 1);
         Ok(Next::Issued(Issued {
-            timestamp,
+            timestamp: EpochMs(timestamp),
             sequence,
             count,
             step_back_ms,
@@ -312,7 +317,7 @@ mod tests {
 
     /// The generator after a restart whose durable lease ended at `lease_end`.
     fn resume_at(lease_end: u64) -> Generator {
-        Generator::resume(lease_end, lease_end, Resumed::Restart)
+        Generator::resume(EpochMs(lease_end), EpochMs(lease_end), Resumed::Restart)
     }
 
     const P: ClockPolicy = ClockPolicy::DEFAULT;
@@ -324,13 +329,13 @@ mod tests {
     /// A generator with an unbounded lease, for tests about the clock.
     fn unleased() -> Generator {
         let mut g = Generator::default();
-        g.extend_lease(u64::MAX);
+        g.extend_lease(EpochMs(u64::MAX));
         g
     }
 
     fn issue(g: &mut Generator, wall: u64, policy: ClockPolicy) -> (u64, u16) {
-        match g.next(wall, policy) {
-            Ok(Next::Issued(i)) => (i.timestamp, i.sequence),
+        match g.next(EpochMs(wall), policy) {
+            Ok(Next::Issued(i)) => (i.timestamp.0, i.sequence),
             other => panic!("expected an ID at wall {wall}, got {other:?}"),
         }
     }
@@ -342,7 +347,7 @@ mod tests {
         assert_eq!(issue(&mut g, 100, P), (100, 1));
         assert_eq!(issue(&mut g, 100, P), (100, 2));
         assert_eq!(issue(&mut g, 101, P), (101, 0));
-        assert_eq!(g.last_timestamp(), Some(101));
+        assert_eq!(g.last_timestamp(), Some(EpochMs(101)));
         assert_eq!(g.events().issued, 4);
     }
 
@@ -352,17 +357,22 @@ mod tests {
         assert_eq!(issue(&mut g, 100, P), (100, 0));
         assert_eq!(issue(&mut g, 100, P), (100, 1));
         // Far beyond the drift bound: the caller waits, whatever the clock policy.
-        g.raise_floor(5_000);
+        g.raise_floor(EpochMs(5_000));
         assert_eq!(g.last_timestamp(), None);
-        assert_eq!(g.next(101, STRICT), Ok(Next::WaitUntil { wall_ms: 5_000 }));
+        assert_eq!(
+            g.next(EpochMs(101), STRICT),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(5_000)
+            })
+        );
         assert_eq!(issue(&mut g, 5_000, STRICT), (5_000, 0));
         assert_eq!(issue(&mut g, 5_000, STRICT), (5_000, 1));
         // A floor at or below what was issued changes nothing.
-        g.raise_floor(5_000);
-        g.raise_floor(10);
+        g.raise_floor(EpochMs(5_000));
+        g.raise_floor(EpochMs(10));
         assert_eq!(issue(&mut g, 5_000, STRICT), (5_000, 2));
         // A floor the clock has passed: IDs follow the clock.
-        g.raise_floor(6_000);
+        g.raise_floor(EpochMs(6_000));
         assert_eq!(issue(&mut g, 7_000, STRICT), (7_000, 0));
     }
 
@@ -380,9 +390,9 @@ mod tests {
         for seq in 0..=MAX_SEQUENCE {
             assert_eq!(issue(&mut g, 100, P), (100, seq));
         }
-        match g.next(100, P).unwrap() {
+        match g.next(EpochMs(100), P).unwrap() {
             Next::Issued(i) => {
-                assert_eq!((i.timestamp, i.sequence, i.ahead_ms), (101, 0, 1));
+                assert_eq!((i.timestamp.0, i.sequence, i.ahead_ms), (101, 0, 1));
             }
             other => panic!("{other:?}"),
         }
@@ -396,7 +406,12 @@ mod tests {
             issue(&mut g, 100, STRICT);
         }
         let before = g;
-        assert_eq!(g.next(100, STRICT), Ok(Next::WaitUntil { wall_ms: 101 }));
+        assert_eq!(
+            g.next(EpochMs(100), STRICT),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(101)
+            })
+        );
         assert_eq!(g.last_timestamp, before.last_timestamp);
         assert_eq!(g.sequence, before.sequence);
         assert_eq!(issue(&mut g, 101, STRICT), (101, 0));
@@ -406,9 +421,9 @@ mod tests {
     fn small_step_back_continues_from_the_id_clock() {
         let mut g = unleased();
         assert_eq!(issue(&mut g, 5_000, P), (5_000, 0));
-        match g.next(4_995, P).unwrap() {
+        match g.next(EpochMs(4_995), P).unwrap() {
             Next::Issued(i) => {
-                assert_eq!((i.timestamp, i.sequence), (5_000, 1));
+                assert_eq!((i.timestamp.0, i.sequence), (5_000, 1));
                 assert_eq!(i.step_back_ms, 5);
                 assert_eq!(i.ahead_ms, 5);
             }
@@ -427,7 +442,12 @@ mod tests {
         let mut g = unleased();
         issue(&mut g, 5_000, P);
         // 1005 ms back: 5 ms beyond the 1000 ms bound, within the 10 ms wait.
-        assert_eq!(g.next(3_995, P), Ok(Next::WaitUntil { wall_ms: 4_000 }));
+        assert_eq!(
+            g.next(EpochMs(3_995), P),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(4_000)
+            })
+        );
         assert_eq!(issue(&mut g, 4_000, P), (5_000, 1));
     }
 
@@ -436,7 +456,7 @@ mod tests {
         let mut g = unleased();
         issue(&mut g, 50_000, P);
         assert_eq!(
-            g.next(45_000, P),
+            g.next(EpochMs(45_000), P),
             Err(GenerateError::ClockBehind {
                 step_back_ms: 5_000,
                 ahead_ms: 5_000,
@@ -453,9 +473,14 @@ mod tests {
         let mut g = unleased();
         issue(&mut g, 1_000, STRICT);
         // 1 ms back: the drift bound is 0, so wait 1 ms.
-        assert_eq!(g.next(999, STRICT), Ok(Next::WaitUntil { wall_ms: 1_000 }));
+        assert_eq!(
+            g.next(EpochMs(999), STRICT),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(1_000)
+            })
+        );
         assert!(matches!(
-            g.next(900, STRICT),
+            g.next(EpochMs(900), STRICT),
             Err(GenerateError::ClockBehind {
                 step_back_ms: 100,
                 ..
@@ -468,7 +493,7 @@ mod tests {
         let mut g = unleased();
         assert_eq!(issue(&mut g, MAX_TIMESTAMP, P), (MAX_TIMESTAMP, 0));
         assert_eq!(
-            g.next(MAX_TIMESTAMP + 1, P),
+            g.next(EpochMs(MAX_TIMESTAMP + 1), P),
             Err(GenerateError::TimestampExhausted {
                 timestamp: MAX_TIMESTAMP + 1
             })
@@ -479,25 +504,25 @@ mod tests {
     fn lease_gates_issuing() {
         let mut g = Generator::default();
         assert_eq!(
-            g.next(100, P),
+            g.next(EpochMs(100), P),
             Ok(Next::NeedLease {
-                timestamp: 100,
-                wall: 100
+                timestamp: EpochMs(100),
+                wall: EpochMs(100)
             })
         );
         assert_eq!(g.last_timestamp(), None);
-        g.extend_lease(1_100);
+        g.extend_lease(EpochMs(1_100));
         assert_eq!(issue(&mut g, 100, P), (100, 0));
         assert_eq!(issue(&mut g, 1_099, P), (1_099, 0));
         assert_eq!(
-            g.next(1_100, P),
+            g.next(EpochMs(1_100), P),
             Ok(Next::NeedLease {
-                timestamp: 1_100,
-                wall: 1_100
+                timestamp: EpochMs(1_100),
+                wall: EpochMs(1_100)
             })
         );
         // Extending never shrinks.
-        g.extend_lease(500);
+        g.extend_lease(EpochMs(500));
         assert_eq!(g.lease_end, 1_100);
     }
 
@@ -507,32 +532,39 @@ mod tests {
         let mut g = resume_at(10_000);
         assert_eq!(g.last_timestamp(), None);
         assert_eq!(
-            g.next(9_980, P),
+            g.next(EpochMs(9_980), P),
             Ok(Next::NeedLease {
-                timestamp: 10_000,
-                wall: 9_980
+                timestamp: EpochMs(10_000),
+                wall: EpochMs(9_980)
             })
         );
-        g.extend_lease(11_000);
+        g.extend_lease(EpochMs(11_000));
         assert_eq!(issue(&mut g, 9_980, P), (10_000, 0));
         assert_eq!(issue(&mut g, 9_980, P), (10_000, 1));
         // The clock ahead of the lease end: the clock wins.
         let mut g = resume_at(10_000);
-        g.extend_lease(20_000);
+        g.extend_lease(EpochMs(20_000));
         assert_eq!(issue(&mut g, 10_050, P), (10_050, 0));
         // A restart within the lease: the clock is behind the resume point by design, and
         // callers wait for it whatever the policy (not an error, not a "step back").
         let mut g = resume_at(10_000);
-        g.extend_lease(11_000);
-        assert_eq!(g.next(5_000, P), Ok(Next::WaitUntil { wall_ms: 9_000 }));
+        g.extend_lease(EpochMs(11_000));
         assert_eq!(
-            g.next(5_000, STRICT),
-            Ok(Next::WaitUntil { wall_ms: 10_000 })
+            g.next(EpochMs(5_000), P),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(9_000)
+            })
+        );
+        assert_eq!(
+            g.next(EpochMs(5_000), STRICT),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(10_000)
+            })
         );
         assert_eq!(issue(&mut g, 9_000, P), (10_000, 0));
         // Once started, a clock behind the ID clock is a real step back again.
         assert!(matches!(
-            g.next(5_000, P),
+            g.next(EpochMs(5_000), P),
             Err(GenerateError::ClockBehind { .. })
         ));
     }
@@ -540,14 +572,14 @@ mod tests {
     #[test]
     fn resume_with_the_clock_set_back_reports_the_real_step() {
         let mut g = Generator::resume(
-            10_000,
-            10_000,
+            EpochMs(10_000),
+            EpochMs(10_000),
             Resumed::ClockBehind {
                 step_back_ms: 30_000,
             },
         );
         assert_eq!(
-            g.next(5_000, P),
+            g.next(EpochMs(5_000), P),
             Err(GenerateError::ClockBehind {
                 step_back_ms: 30_000,
                 ahead_ms: 5_000,
@@ -560,16 +592,18 @@ mod tests {
             max_wait_ms: 10_000,
         };
         assert_eq!(
-            g.next(5_000, patient),
-            Ok(Next::WaitUntil { wall_ms: 9_000 })
+            g.next(EpochMs(5_000), patient),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(9_000)
+            })
         );
     }
 
     #[test]
     fn resume_after_failover_follows_the_clock_policy() {
-        let mut g = Generator::resume(10_000, 8_000, Resumed::Failover);
+        let mut g = Generator::resume(EpochMs(10_000), EpochMs(8_000), Resumed::Failover);
         assert_eq!(
-            g.next(5_000, P),
+            g.next(EpochMs(5_000), P),
             Err(GenerateError::BehindFailoverFloor {
                 ahead_ms: 5_000,
                 max_drift_ms: 1_000
@@ -580,24 +614,26 @@ mod tests {
             max_wait_ms: 10_000,
         };
         assert_eq!(
-            g.next(5_000, patient),
-            Ok(Next::WaitUntil { wall_ms: 9_000 })
+            g.next(EpochMs(5_000), patient),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(9_000)
+            })
         );
         // At the floor: the lease (below the floor) must be extended first.
         assert_eq!(
-            g.next(9_500, P),
+            g.next(EpochMs(9_500), P),
             Ok(Next::NeedLease {
-                timestamp: 10_000,
-                wall: 9_500
+                timestamp: EpochMs(10_000),
+                wall: EpochMs(9_500)
             })
         );
-        g.extend_lease(11_000);
+        g.extend_lease(EpochMs(11_000));
         assert_eq!(issue(&mut g, 9_500, P), (10_000, 0));
     }
 
     fn run(g: &mut Generator, wall: u64, want: u16, contiguous: bool) -> (u64, u16, u16) {
-        match g.next_run(wall, P, want, contiguous) {
-            Ok(Next::Issued(i)) => (i.timestamp, i.sequence, i.count),
+        match g.next_run(EpochMs(wall), P, want, contiguous) {
+            Ok(Next::Issued(i)) => (i.timestamp.0, i.sequence, i.count),
             other => panic!("expected a run, got {other:?}"),
         }
     }
@@ -653,18 +689,18 @@ mod tests {
                 }
                 for _ in 0..calls {
                     let before = g;
-                    match g.next(wall, policy) {
+                    match g.next(EpochMs(wall), policy) {
                         Ok(Next::Issued(i)) => {
-                            let id = (i.timestamp, i.sequence);
+                            let id = (i.timestamp.0, i.sequence);
                             if let Some(prev) = last {
                                 prop_assert!(id > prev, "{id:?} after {prev:?}");
                             }
-                            prop_assert!(i.timestamp <= wall + policy.max_drift_ms);
-                            prop_assert!(i.timestamp < durable_lease_end);
+                            prop_assert!(i.timestamp.0 <= wall + policy.max_drift_ms);
+                            prop_assert!(i.timestamp.0 < durable_lease_end);
                             prop_assert!(i.sequence <= MAX_SEQUENCE);
                             last = Some(id);
                         }
-                        Ok(Next::WaitUntil { wall_ms }) => {
+                        Ok(Next::WaitUntil { wall_ms: EpochMs(wall_ms) }) => {
                             prop_assert!(wall_ms > wall);
                             if before.last_timestamp().is_some() {
                                 prop_assert!(wall_ms - wall <= policy.max_wait_ms.max(1));
@@ -676,12 +712,12 @@ mod tests {
                             prop_assert_eq!((g.last_timestamp, g.sequence), (before.last_timestamp, before.sequence));
                             wall = wall_ms; // the caller sleeps until then
                         }
-                        Ok(Next::NeedLease { timestamp, wall: w }) => {
+                        Ok(Next::NeedLease { timestamp: EpochMs(timestamp), wall: EpochMs(w) }) => {
                             prop_assert_eq!(w, wall);
                             prop_assert!(timestamp >= g.lease_end);
                             prop_assert_eq!((g.last_timestamp, g.sequence), (before.last_timestamp, before.sequence));
                             durable_lease_end = durable_lease_end.max(timestamp.max(wall) + window);
-                            g.extend_lease(durable_lease_end);
+                            g.extend_lease(EpochMs(durable_lease_end));
                         }
                         Err(GenerateError::ClockBehind { ahead_ms, .. }) => {
                             prop_assert!(ahead_ms > policy.max_drift_ms + policy.max_wait_ms.max(1));
@@ -704,9 +740,9 @@ mod tests {
             for (advance, want, contiguous) in calls {
                 wall += advance;
                 let i = loop {
-                    match g.next_run(wall, ClockPolicy::DEFAULT, want, contiguous).unwrap() {
+                    match g.next_run(EpochMs(wall), ClockPolicy::DEFAULT, want, contiguous).unwrap() {
                         Next::Issued(i) => break i,
-                        Next::WaitUntil { wall_ms } => wall = wall_ms,
+                        Next::WaitUntil { wall_ms } => wall = wall_ms.0,
                         Next::NeedLease { .. } => unreachable!(),
                     }
                 };
@@ -716,10 +752,10 @@ mod tests {
                 prop_assert!(i.count >= 1 && i.count <= want);
                 prop_assert!(u32::from(i.sequence) + u32::from(i.count) <= 4096);
                 if let Some(free) = next_free {
-                    prop_assert!((i.timestamp, i.sequence) >= free);
+                    prop_assert!((i.timestamp.0, i.sequence) >= free);
                 }
                 let end = u32::from(i.sequence) + u32::from(i.count);
-                next_free = Some(if end == 4096 { (i.timestamp + 1, 0) } else { (i.timestamp, end as u16) });
+                next_free = Some(if end == 4096 { (i.timestamp.0 + 1, 0) } else { (i.timestamp.0, end as u16) });
             }
         }
 
@@ -737,21 +773,21 @@ mod tests {
                 wall += advance;
                 for _ in 0..calls {
                     let issued = loop {
-                        match g.next(wall, policy).unwrap() {
+                        match g.next(EpochMs(wall), policy).unwrap() {
                             Next::Issued(i) => break i,
-                            Next::WaitUntil { wall_ms } => wall = wall_ms,
+                            Next::WaitUntil { wall_ms } => wall = wall_ms.0,
                             Next::NeedLease { .. } => unreachable!(),
                         }
                     };
                     if let Some((t, s)) = last {
-                        if issued.timestamp == t {
+                        if issued.timestamp.0 == t {
                             prop_assert_eq!(issued.sequence, s + 1);
                         } else {
                             prop_assert_eq!(issued.sequence, 0);
-                            prop_assert!(s == MAX_SEQUENCE || issued.timestamp == wall);
+                            prop_assert!(s == MAX_SEQUENCE || issued.timestamp.0 == wall);
                         }
                     }
-                    last = Some((issued.timestamp, issued.sequence));
+                    last = Some((issued.timestamp.0, issued.sequence));
                 }
             }
         }

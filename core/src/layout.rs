@@ -40,11 +40,28 @@ pub const TWITTER_EPOCH_MS: i64 = 1_288_834_974_657;
 /// Discord's epoch, 2015-01-01T00:00:00Z, in Unix milliseconds.
 pub const DISCORD_EPOCH_MS: i64 = 1_420_070_400_000;
 
+/// Milliseconds since the configured epoch: an ID's time field, and every time the
+/// generator works in. Only [`Epoch`] converts it to or from [`UnixMs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct EpochMs(pub u64);
+
+impl EpochMs {
+    /// `ms` milliseconds later (saturating).
+    pub const fn plus(self, ms: u64) -> EpochMs {
+        EpochMs(self.0.saturating_add(ms))
+    }
+}
+
+/// Milliseconds since 1970-01-01T00:00:00Z: the wall clock, and every time the state file,
+/// the WAL record and the registry store. Only [`Epoch`] converts it to or from [`EpochMs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct UnixMs(pub i64);
+
 /// The fields of one ID, with the timestamp still relative to the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Parts {
     /// Milliseconds since the epoch (0 ..= [`MAX_TIMESTAMP`]).
-    pub timestamp: u64,
+    pub timestamp: EpochMs,
     /// Datacenter id (0 ..= 31).
     pub datacenter_id: u8,
     /// Worker id (0 ..= 31).
@@ -78,11 +95,11 @@ pub enum LayoutError {
 /// only produce such fields); debug builds check it.
 #[inline]
 pub const fn pack(parts: Parts) -> i64 {
-    debug_assert!(parts.timestamp <= MAX_TIMESTAMP);
+    debug_assert!(parts.timestamp.0 <= MAX_TIMESTAMP);
     debug_assert!(parts.datacenter_id <= MAX_DATACENTER_ID);
     debug_assert!(parts.worker_id <= MAX_WORKER_ID);
     debug_assert!(parts.sequence <= MAX_SEQUENCE);
-    ((parts.timestamp << TIMESTAMP_SHIFT)
+    ((parts.timestamp.0 << TIMESTAMP_SHIFT)
         | ((parts.datacenter_id as u64) << DATACENTER_SHIFT)
         | ((parts.worker_id as u64) << WORKER_SHIFT)
         | parts.sequence as u64) as i64
@@ -95,7 +112,7 @@ pub fn unpack(id: i64) -> Result<Parts, LayoutError> {
     }
     let bits = id as u64;
     Ok(Parts {
-        timestamp: bits >> TIMESTAMP_SHIFT,
+        timestamp: EpochMs(bits >> TIMESTAMP_SHIFT),
         datacenter_id: ((bits >> DATACENTER_SHIFT) & u64::from(MAX_DATACENTER_ID)) as u8,
         worker_id: ((bits >> WORKER_SHIFT) & u64::from(MAX_WORKER_ID)) as u8,
         sequence: (bits & u64::from(MAX_SEQUENCE)) as u16,
@@ -137,13 +154,14 @@ impl Epoch {
         self.unix_ms + MAX_TIMESTAMP as i64
     }
 
-    /// Unix milliseconds of a timestamp relative to this epoch.
-    pub const fn to_unix_ms(self, timestamp: u64) -> i64 {
-        self.unix_ms + timestamp as i64
+    /// The Unix time of a time relative to this epoch.
+    pub const fn to_unix(self, timestamp: EpochMs) -> UnixMs {
+        UnixMs(self.unix_ms + timestamp.0 as i64)
     }
 
-    /// Milliseconds since this epoch of a Unix millisecond, if 41 bits can hold them.
-    pub fn timestamp_of(self, unix_ms: i64) -> Result<u64, LayoutError> {
+    /// The time since this epoch of a Unix time, if 41 bits can hold it.
+    pub fn timestamp_of(self, time: UnixMs) -> Result<EpochMs, LayoutError> {
+        let unix_ms = time.0;
         if unix_ms < self.unix_ms {
             Err(LayoutError::BeforeEpoch {
                 unix_ms,
@@ -155,13 +173,20 @@ impl Epoch {
                 last_ms: self.last_unix_ms(),
             })
         } else {
-            Ok((unix_ms - self.unix_ms) as u64)
+            Ok(EpochMs((unix_ms - self.unix_ms) as u64))
         }
     }
 
+    /// The time since this epoch of a Unix time at or after the epoch; 0 for one before it.
+    /// For bounds (lease ends, floors), which only ever move a generator forward.
+    pub const fn timestamp_or_zero(self, time: UnixMs) -> EpochMs {
+        let since = time.0.saturating_sub(self.unix_ms);
+        EpochMs(if since > 0 { since as u64 } else { 0 })
+    }
+
     /// The smallest ID of the millisecond `unix_ms`: datacenter, worker and sequence all 0.
-    pub fn first_id_at(self, unix_ms: i64) -> Result<i64, LayoutError> {
-        let timestamp = self.timestamp_of(unix_ms)?;
+    pub fn first_id_at(self, time: UnixMs) -> Result<i64, LayoutError> {
+        let timestamp = self.timestamp_of(time)?;
         Ok(pack(Parts {
             timestamp,
             datacenter_id: 0,
@@ -184,11 +209,8 @@ mod tests {
     #[test]
     fn decodes_wikipedia_twitter_example() {
         let parts = unpack(1_541_815_603_606_036_480).unwrap();
-        assert_eq!(parts.timestamp, 367_597_485_448);
-        assert_eq!(
-            Epoch::TWITTER.to_unix_ms(parts.timestamp),
-            1_656_432_460_105
-        );
+        assert_eq!(parts.timestamp, EpochMs(367_597_485_448));
+        assert_eq!(Epoch::TWITTER.to_unix(parts.timestamp).0, 1_656_432_460_105);
         assert_eq!(
             (u16::from(parts.datacenter_id) << WORKER_BITS) | u16::from(parts.worker_id),
             378
@@ -206,9 +228,9 @@ mod tests {
     #[test]
     fn decodes_discord_documentation_example() {
         let parts = unpack(175_928_847_299_117_063).unwrap();
-        assert_eq!(parts.timestamp, 41_944_705_796);
+        assert_eq!(parts.timestamp, EpochMs(41_944_705_796));
         let discord = Epoch::from_unix_ms(DISCORD_EPOCH_MS).unwrap();
-        assert_eq!(discord.to_unix_ms(parts.timestamp), 1_462_015_105_796);
+        assert_eq!(discord.to_unix(parts.timestamp).0, 1_462_015_105_796);
         assert_eq!(parts.datacenter_id, 1);
         assert_eq!(parts.worker_id, 0);
         assert_eq!(parts.sequence, 7);
@@ -218,14 +240,14 @@ mod tests {
     #[test]
     fn extremes() {
         let max = Parts {
-            timestamp: MAX_TIMESTAMP,
+            timestamp: EpochMs(MAX_TIMESTAMP),
             datacenter_id: MAX_DATACENTER_ID,
             worker_id: MAX_WORKER_ID,
             sequence: MAX_SEQUENCE,
         };
         assert_eq!(pack(max), i64::MAX);
         assert_eq!(unpack(i64::MAX), Ok(max));
-        assert_eq!(unpack(0).unwrap().timestamp, 0);
+        assert_eq!(unpack(0).unwrap().timestamp, EpochMs(0));
         assert_eq!(unpack(-1), Err(LayoutError::NegativeId(-1)));
         assert_eq!(unpack(i64::MIN), Err(LayoutError::NegativeId(i64::MIN)));
     }
@@ -233,9 +255,9 @@ mod tests {
     #[test]
     fn epoch_bounds() {
         let e = Epoch::TWITTER;
-        assert_eq!(e.timestamp_of(TWITTER_EPOCH_MS), Ok(0));
+        assert_eq!(e.timestamp_of(UnixMs(TWITTER_EPOCH_MS)), Ok(EpochMs(0)));
         assert_eq!(
-            e.timestamp_of(TWITTER_EPOCH_MS - 1),
+            e.timestamp_of(UnixMs(TWITTER_EPOCH_MS - 1)),
             Err(LayoutError::BeforeEpoch {
                 unix_ms: TWITTER_EPOCH_MS - 1,
                 epoch_ms: TWITTER_EPOCH_MS
@@ -243,12 +265,21 @@ mod tests {
         );
         // The default epoch lasts until 2080-07-10T17:30:30.208Z.
         assert_eq!(e.last_unix_ms(), 3_487_858_230_208);
-        assert_eq!(e.timestamp_of(e.last_unix_ms()), Ok(MAX_TIMESTAMP));
+        assert_eq!(
+            e.timestamp_of(UnixMs(e.last_unix_ms())),
+            Ok(EpochMs(MAX_TIMESTAMP))
+        );
         assert!(matches!(
-            e.timestamp_of(e.last_unix_ms() + 1),
+            e.timestamp_of(UnixMs(e.last_unix_ms() + 1)),
             Err(LayoutError::AfterRange { .. })
         ));
-        assert_eq!(e.first_id_at(TWITTER_EPOCH_MS + 1), Ok(1 << 22));
+        assert_eq!(e.first_id_at(UnixMs(TWITTER_EPOCH_MS + 1)), Ok(1 << 22));
+        // Bounds before the epoch clamp to 0; others convert exactly.
+        assert_eq!(e.timestamp_or_zero(UnixMs(0)), EpochMs(0));
+        assert_eq!(
+            e.timestamp_or_zero(UnixMs(TWITTER_EPOCH_MS + 5)),
+            EpochMs(5)
+        );
         assert_eq!(Epoch::from_unix_ms(-1), None);
         assert_eq!(Epoch::from_unix_ms(i64::MAX), None);
         assert!(Epoch::from_unix_ms(Epoch::MAX_UNIX_MS).is_some());
@@ -263,7 +294,7 @@ mod tests {
             0..=MAX_SEQUENCE,
         )
             .prop_map(|(timestamp, datacenter_id, worker_id, sequence)| Parts {
-                timestamp,
+                timestamp: EpochMs(timestamp),
                 datacenter_id,
                 worker_id,
                 sequence,
@@ -292,16 +323,18 @@ mod tests {
         #[test]
         fn first_id_is_the_smallest_of_its_millisecond(parts in any_parts()) {
             let e = Epoch::TWITTER;
-            let first = e.first_id_at(e.to_unix_ms(parts.timestamp)).unwrap();
+            let first = e.first_id_at(e.to_unix(parts.timestamp)).unwrap();
             let id = pack(parts);
             prop_assert!(first <= id);
             prop_assert!(id < first + (1 << TIMESTAMP_SHIFT));
         }
 
         #[test]
-        fn timestamp_of_inverts_to_unix_ms(ts in 0..=MAX_TIMESTAMP, epoch in 0i64..4_000_000_000_000) {
+        fn timestamp_of_inverts_to_unix(ts in 0..=MAX_TIMESTAMP, epoch in 0i64..4_000_000_000_000) {
             let e = Epoch::from_unix_ms(epoch).unwrap();
-            prop_assert_eq!(e.timestamp_of(e.to_unix_ms(ts)), Ok(ts));
+            let ts = EpochMs(ts);
+            prop_assert_eq!(e.timestamp_of(e.to_unix(ts)), Ok(ts));
+            prop_assert_eq!(e.timestamp_or_zero(e.to_unix(ts)), ts);
         }
     }
 }

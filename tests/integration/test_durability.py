@@ -53,6 +53,10 @@ class Load:
             th.start()
         return self
 
+    def running(self, rows=1000):
+        """Waits until every client has inserted `rows` rows: the load is under way."""
+        wait_until(lambda: min(self.rows) >= rows, what=f"{rows} rows from every client")
+
     def __exit__(self, *exc):
         self.stop_flag.set()
         for th in self.threads:
@@ -119,7 +123,7 @@ class LiveClockSteps(unittest.TestCase):
         # 1.5 s back, inside a 2 s bound: IDs keep counting from the ID clock.
         self.reload(snowflake__max_clock_drift="2s")
         with Load(self.pg) as load:
-            time.sleep(0.5)
+            load.running()
             self.pg.set_clock_offset("-1.5")
             time.sleep(1.0)
         self.assertEqual(load.errors, [])
@@ -130,7 +134,7 @@ class LiveClockSteps(unittest.TestCase):
 
     def test_step_beyond_the_bound_errors(self):
         with Load(self.pg) as load:
-            time.sleep(0.5)
+            load.running()
             self.pg.set_clock_offset("-5")
             time.sleep(1.0)
         self.assertGreater(len(load.errors), 0)
@@ -143,7 +147,7 @@ class LiveClockSteps(unittest.TestCase):
         self.reload(snowflake__clock_behind_action="wait", snowflake__max_clock_wait="5s")
         before = stats(self.pg)["waits"]
         with Load(self.pg) as load:
-            time.sleep(0.5)
+            load.running()
             self.pg.set_clock_offset("-2.5")
             time.sleep(3.0)
         self.assertEqual(load.errors, [])
@@ -193,7 +197,9 @@ class RestartAfterFaults(unittest.TestCase):
         pid = victim.execute("SELECT pg_backend_pid()").fetchone()[0]
         sleeper = threading.Thread(target=lambda: self._sleep(victim))
         sleeper.start()
-        time.sleep(0.3)
+        wait_until(lambda: self.pg.sql(
+            f"SELECT wait_event FROM pg_stat_activity WHERE pid = {pid}") == [("PgSleep",)],
+            what="the victim sleeping")
         os.kill(pid, signal.SIGKILL)
         sleeper.join()
         # The postmaster reinitialises shared memory and recovers; connect() retries.

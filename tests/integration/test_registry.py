@@ -16,7 +16,7 @@ import unittest
 
 import psycopg
 
-from harness import BASE, Cluster, error_of
+from harness import BASE, Cluster, error_of, wait_until
 
 TTL = "2s"  # heartbeat 400 ms, fence 1 s, settling 2 s
 TTL_S = 2.0
@@ -173,6 +173,10 @@ class Writer(threading.Thread):
         self.errors = []
         self.stop = threading.Event()
 
+    def running(self, n=500):
+        """Waits until this writer has `n` IDs: it is writing."""
+        wait_until(lambda: len(self.got) >= n, what=f"{n} IDs from {self.cluster.name}")
+
     def run(self):
         conn = self.cluster.connect()
         while not self.stop.is_set():
@@ -236,7 +240,8 @@ class RegistryScenarios:
         for c, w, g in zip(nodes, claimed, got):
             self.assertEqual(workers_of(c, g), {w})
         nodes[0].restart()
-        self.assertEqual(wait_claimed(nodes[0]), claimed[0], "a clean restart keeps the worker id")
+        self.assertEqual(wait_claimed(nodes[0]), claimed[0],
+                         f"a clean restart keeps the worker id\n{nodes[0].log()[-3000:]}")
         again = ids(nodes[0])
         self.assertEqual(workers_of(nodes[0], again), {claimed[0]})
         self.assertGreater(min(again), max(got[0]))
@@ -407,7 +412,8 @@ class RedisRegistry(RegistryScenarios, unittest.TestCase):
         writers = [Writer(a), Writer(b)]
         for w in writers:
             w.start()
-        time.sleep(0.5)
+        for w in writers:
+            w.running()
         self.registry.stop()
         self.registry.start()  # empty
         self.up(newcomer)
@@ -474,7 +480,7 @@ class RedisRegistry(RegistryScenarios, unittest.TestCase):
                 self.registry.hold(7, w, ttl_ms=30_000)
         writer = Writer(a)
         writer.start()
-        time.sleep(0.5)
+        writer.running()
         pids = kill_server(a, signal.SIGSTOP)
         try:
             time.sleep(TTL_S * 1.5)  # the claim lapses in the registry

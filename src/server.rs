@@ -1,8 +1,30 @@
-//! Waiting the PostgreSQL way: latch waits that end on postmaster death, show as wait event
-//! `Extension` in `pg_stat_activity`, and let cancels and terminations through at once.
-//! Also the monotonic clock, which a step of the wall clock does not move.
+//! What every part of the extension asks of the server process: its data directory, the
+//! two clocks (the wall clock, which libfaketime and NTP steps move, and the monotonic
+//! clock, which nothing moves), and waiting the PostgreSQL way: latch waits that end on
+//! postmaster death, show as wait event `Extension` in `pg_stat_activity`, and let cancels
+//! and terminations through at once. A leaf module: it imports no other module of ours.
+
+use std::ffi::CStr;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use pgrx::prelude::*;
+
+/// The data directory (every backend's working directory).
+pub fn data_dir() -> PathBuf {
+    // SAFETY: DataDir is set before any backend runs SQL and never changes afterwards.
+    let dir = unsafe { CStr::from_ptr(pg_sys::DataDir) };
+    PathBuf::from(dir.to_string_lossy().into_owned())
+}
+
+/// The wall clock in Unix milliseconds (`CLOCK_REALTIME`, which libfaketime can move).
+#[inline]
+pub fn now_unix_ms() -> i64 {
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i64,
+        Err(e) => -(e.duration().as_millis() as i64),
+    }
+}
 
 /// Sleeps up to `ms` milliseconds (woken early by the latch), then services interrupts:
 /// a cancel or `statement_timeout` raises PostgreSQL's own error there.

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A/B benchmark of an earlier revision (A) against the working tree (B), on one cluster:
+# the per-call cost of snowflake_next() and snowflake_next_batch() relative to nextval(),
+# rounds alternating the two libraries (bench/ab.py). For "same figures within noise"
+# checks after a refactor.
+#   scripts/bench-ab.sh REV [--rows N] [--rounds N]     (PostgreSQL 15 unless PG_MAJOR is set)
+# Revision A is built from a git worktree with its own target directory (kept in
+# /var/tmp/snowflake-ab-target, so a second run rebuilds only what changed).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+rev="${1:?usage: scripts/bench-ab.sh REV [--rows N] [--rounds N]}"
+shift
+use_run_dir
+DIR="$SNOWFLAKE_RUN_DIR/ab"
+PORT=55610  # names the socket in $DIR only: no TCP listener
+PG_MAJORS="$PG_MAJOR" "$REPO_ROOT/scripts/setup.sh"
+libdir="$("$PG_CONFIG" --pkglibdir)"
+
+# B: the working tree, installed with its SQL (both builds share the SQL surface).
+install_extension
+cp "$libdir/snowflake.so" "$SNOWFLAKE_RUN_DIR/b.so"
+
+# A: the earlier revision's library only.
+log "Building revision $rev (release) for PostgreSQL ${PG_MAJOR}"
+worktree="$SNOWFLAKE_RUN_DIR/ab-worktree"
+git -C "$REPO_ROOT" worktree add --detach "$worktree" "$rev" >/dev/null
+trap 'git -C "$REPO_ROOT" worktree remove --force "$worktree"' EXIT
+(cd "$worktree" && CARGO_TARGET_DIR=/var/tmp/snowflake-ab-target cargo pgrx package \
+    --pg-config "$PG_CONFIG" --no-default-features --features "pg${PG_MAJOR}" >&2)
+cp "/var/tmp/snowflake-ab-target/release/snowflake-pg${PG_MAJOR}$libdir/snowflake.so" "$SNOWFLAKE_RUN_DIR/a.so"
+
+cluster_fresh "$DIR" "$PORT" \
+    "snowflake.worker_id = 1" \
+    "synchronous_commit = off" \
+    "shared_buffers = '256MB'" \
+    "autovacuum = off"
+trap 'cluster_stop "$DIR/data"; cp "$SNOWFLAKE_RUN_DIR/b.so" "$libdir/snowflake.so"; git -C "$REPO_ROOT" worktree remove --force "$worktree"' EXIT
+cluster_psql "$DIR/data" "$PORT" -q -c "CREATE EXTENSION snowflake"
+
+log "A = $rev, B = working tree"
+/usr/bin/python3 "$REPO_ROOT/bench/ab.py" --pg-bin "$PG_BIN" --data "$DIR/data" --port "$PORT" \
+    --installed "$libdir/snowflake.so" --a "$SNOWFLAKE_RUN_DIR/a.so" --b "$SNOWFLAKE_RUN_DIR/b.so" "$@"

@@ -1,0 +1,288 @@
+//! The issuing driver: every function that hands out IDs runs the generator through here.
+//! One attempt holds the generator's lock for a few loads and stores; whatever the
+//! generator needs first (the clock to reach a millisecond, a longer durable lease, the
+//! synchronous standbys' confirmation) is done between attempts with no lock held, and
+//! interrupts are serviced there.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::errors::{self, SnowflakeError};
+use crate::gucs;
+use crate::lease;
+use crate::rows::Int8Array;
+use crate::server;
+use crate::shmem::{self, Node};
+use crate::wal;
+use snowflake_core::generator::{ClockPolicy, GenerateError, Generator, Issued, Next};
+use snowflake_core::layout::{self, Epoch, EpochMs, Parts, UnixMs};
+use snowflake_core::settings::{check_epoch_at, Config};
+
+/// The next ID (`snowflake_next()`): unique among all backends of this server, and greater
+/// than every ID this server issued before it, including before a restart or crash.
+pub(crate) fn next_id(function: &'static str) -> i64 {
+    let (node, run) = drive_one(function, |g, wall, policy| g.next(wall, policy));
+    id_of(node, &run, 0)
+}
+
+/// The first of `n` (1 ..= 4,096) contiguous reserved IDs in one millisecond
+/// (`snowflake_next_block()`).
+pub(crate) fn next_block(function: &'static str, n: u16) -> i64 {
+    let (node, block) = drive_one(function, |g, wall, policy| {
+        g.next_run(wall, policy, n, true)
+    });
+    id_of(node, &block, 0)
+}
+
+/// Fills `ids` with strictly increasing IDs (`snowflake_next_batch()`), written straight
+/// into the result array: runs of up to 4,096 per millisecond, one run per hold of the
+/// generator's lock, so other sessions get IDs in between and a cancel is serviced between
+/// runs, with nothing left to build after the last millisecond.
+pub(crate) fn fill_batch(function: &'static str, ids: &mut Int8Array) {
+    let bulk = ids.remaining() > 4096;
+    drive(function, bulk, |g, wall, policy, node| {
+        let want = ids.remaining().min(4096) as u16;
+        let run = match issued(g.next_run(wall, policy, want, false)?) {
+            Ok(run) => run,
+            Err(need) => return Ok(Took::Wait(need)),
+        };
+        for k in 0..run.count {
+            ids.push(id_of(node, &run, k));
+        }
+        Ok(if ids.remaining() > 0 {
+            Took::Some
+        } else {
+            Took::All
+        })
+    });
+}
+
+/// What one attempt under the generator's lock asks the caller to do next.
+enum Pending {
+    /// Everything wanted was issued.
+    Done,
+    /// Part was issued: release the lock, service interrupts, and go on.
+    More,
+    /// Wait for the clock or extend the lease, then try again.
+    Act(Need),
+    /// Wait for the synchronous standbys to confirm the lease record ending at this LSN.
+    Confirm(u64),
+    /// Give up: the generator refused.
+    Fail(GenerateError),
+    /// Give up: the wall clock is outside the epoch's 41-bit range.
+    OutsideEpoch,
+}
+
+/// What `take` did with the generator in one attempt.
+enum Took {
+    /// Everything wanted is issued.
+    All,
+    /// Some is issued; call again (after the lock was released).
+    Some,
+    /// Nothing more now: the generator asks for this first.
+    Wait(Need),
+}
+
+/// What the generator needs before it can issue: every [`Next`] but `Issued`.
+#[derive(Debug, Clone, Copy)]
+enum Need {
+    /// A durable lease covering the next ID's timestamp (ms since the epoch).
+    Lease { timestamp: EpochMs },
+    /// The wall clock at this millisecond since the epoch.
+    Clock { wall_ms: EpochMs },
+}
+
+/// Splits a generator decision into the run it issued or what it needs instead.
+#[inline]
+fn issued(next: Next) -> Result<Issued, Need> {
+    match next {
+        Next::Issued(run) => Ok(run),
+        Next::NeedLease { timestamp, .. } => Err(Need::Lease { timestamp }),
+        Next::WaitUntil { wall_ms } => Err(Need::Clock { wall_ms }),
+    }
+}
+
+/// Most lease renewals one call makes in a row without issuing anything. Each renewal
+/// widens the next one (see `durable::lease_reach_ms`), so even storage slower than the
+/// window needs two; more means renewals keep taking longer than a widened lease.
+const MAX_RENEWALS_PER_CALL: u32 = 8;
+
+/// One attempt under the generator's lock: read the clock once, let `take` issue what it
+/// can, and decide (rate-limited, server-wide) whether clock events need a WARNING, which is
+/// emitted after the lock is released.
+#[inline]
+fn attempt(
+    config: &Config,
+    policy: ClockPolicy,
+    bulk: bool,
+    take: &mut impl FnMut(&mut Generator, EpochMs, Node) -> Result<Took, GenerateError>,
+) -> (Pending, Option<errors::ClockWarning>) {
+    let mut shared = shmem::GENERATOR.exclusive();
+    if let Some(lsn) = lease::unconfirmed(&mut shared) {
+        return (Pending::Confirm(lsn), None);
+    }
+    let now = server::now_unix_ms();
+    let node = shared.node;
+    let pending = match config.epoch.timestamp_of(UnixMs(now)) {
+        Ok(wall) => match take(&mut shared.generator, wall, node) {
+            Ok(Took::All) => Pending::Done,
+            Ok(Took::Some) => Pending::More,
+            Ok(Took::Wait(next)) => Pending::Act(next),
+            Err(e) => Pending::Fail(e),
+        },
+        Err(_) => Pending::OutsideEpoch,
+    };
+    let events = shared.generator.events();
+    let new_event = events.steps_back != shared.noticed.steps_back
+        || events.exhaustions != shared.noticed.exhaustions;
+    let mut report = false;
+    // A batch that asked for more than one millisecond's worth exhausts milliseconds by
+    // design: only a step back is news then. Its own exhaustions are left out of the next
+    // report's count; events held back earlier stay in it.
+    let expected = bulk && events.steps_back == shared.noticed.steps_back;
+    if new_event && expected {
+        shared.warned.exhaustions += events.exhaustions - shared.noticed.exhaustions;
+        shared.noticed = events;
+    } else if new_event {
+        shared.noticed = events;
+        let interval = gucs::warning_interval_ms() as u64;
+        report = shared.warnings.allow(server::monotonic_ms(), interval);
+    }
+    let warning = if report {
+        let since = shared.warned;
+        shared.warned = events;
+        let ahead_ms = shared
+            .generator
+            .last_timestamp()
+            .map(|t| config.epoch.to_unix(t).0 - now)
+            .unwrap_or(0);
+        Some(errors::ClockWarning {
+            since,
+            now: events,
+            ahead_ms,
+            max_drift_ms: policy.max_drift_ms,
+        })
+    } else {
+        None
+    };
+    (pending, warning)
+}
+
+/// Runs `take` under the generator's lock until it has issued everything it wants (it
+/// returns `Took::All`). Between attempts, with no lock held, services interrupts, waits for
+/// the clock or the standbys, or extends the durable lease, as asked; raises the errors.
+/// `bulk`: the call asked for more than one millisecond's worth of IDs, so exhausted
+/// milliseconds are expected and not warned about.
+fn drive(
+    function: &'static str,
+    bulk: bool,
+    mut take: impl FnMut(&mut Generator, EpochMs, ClockPolicy, Node) -> Result<Took, GenerateError>,
+) {
+    let config = lease::generation_config(function).unwrap_or_else(|e| e.raise(function));
+    let policy = gucs::clock_policy();
+    let mut take = |g: &mut Generator, wall: EpochMs, node: Node| take(g, wall, policy, node);
+    let mut renewals = 0;
+    loop {
+        let (pending, warning) = attempt(&config, policy, bulk, &mut take);
+        if let Some(w) = warning {
+            w.report(function);
+        }
+        let step = match pending {
+            Pending::Done => return,
+            Pending::More => {
+                renewals = 0;
+                Ok(())
+            }
+            Pending::Confirm(lsn) => {
+                wal::wait_for_confirmation(lsn);
+                Ok(())
+            }
+            Pending::Act(Need::Lease { timestamp }) => {
+                renewals += 1;
+                if renewals > MAX_RENEWALS_PER_CALL {
+                    let last = shmem::COUNTERS
+                        .get()
+                        .last_renewal_ms
+                        .load(Ordering::Relaxed);
+                    Err(errors::renewals_too_slow(
+                        renewals - 1,
+                        last,
+                        gucs::lease_window_ms(),
+                    ))
+                } else {
+                    lease::renew(&config, timestamp)
+                }
+            }
+            Pending::Act(Need::Clock { wall_ms }) => wait_for_clock(config.epoch, wall_ms),
+            Pending::Fail(e) => Err(errors::generate(e, config.epoch)),
+            Pending::OutsideEpoch => {
+                Err(match check_epoch_at(config.epoch, server::now_unix_ms()) {
+                    Err(problem) => errors::epoch_problem(problem),
+                    Ok(()) => errors::clock_stalled(0),
+                })
+            }
+        };
+        step.unwrap_or_else(|e| e.raise(function));
+        pgrx::check_for_interrupts!();
+    }
+}
+
+/// Runs `step` through `drive` until it issues one run, and returns that run with the
+/// pair it was issued under.
+fn drive_one(
+    function: &'static str,
+    mut step: impl FnMut(&mut Generator, EpochMs, ClockPolicy) -> Result<Next, GenerateError>,
+) -> (Node, Issued) {
+    let mut one = None;
+    drive(function, false, |g, wall, policy, node| {
+        match issued(step(g, wall, policy)?) {
+            Ok(run) => {
+                one = Some((node, run));
+                Ok(Took::All)
+            }
+            Err(need) => Ok(Took::Wait(need)),
+        }
+    });
+    match one {
+        Some(one) => one,
+        None => SnowflakeError::internal("no ID was issued".into()).raise(function),
+    }
+}
+
+/// The ID of an issued run's `offset`-th member.
+#[inline]
+fn id_of(node: Node, issued: &Issued, offset: u16) -> i64 {
+    layout::pack(Parts {
+        timestamp: issued.timestamp,
+        datacenter_id: node.datacenter_id,
+        worker_id: node.worker_id,
+        sequence: issued.sequence + offset,
+    })
+}
+
+/// Waits, without any lock held, until the wall clock reaches `wall_ms` (ms since the epoch).
+/// Interruptible; fails if the clock does not advance.
+fn wait_for_clock(epoch: Epoch, wall_ms: EpochMs) -> errors::Result<()> {
+    shmem::COUNTERS.get().waits.fetch_add(1, Ordering::Relaxed);
+    let UnixMs(target) = epoch.to_unix(wall_ms);
+    let started = Instant::now();
+    // The wait is known in advance; allow slack for a loaded machine, then call the clock stalled.
+    let limit = Duration::from_millis((target - server::now_unix_ms()).max(0) as u64 + 1_000);
+    loop {
+        let remaining = target - server::now_unix_ms();
+        if remaining <= 0 {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(errors::clock_stalled(started.elapsed().as_millis() as u64));
+        }
+        if remaining > 1 {
+            server::sleep_ms((remaining - 1).min(100));
+        } else {
+            // Less than a millisecond to go: spin. Sleeping can lose the CPU for a scheduler
+            // tick, leaving whole milliseconds of sequence space unused.
+            std::hint::spin_loop();
+            pgrx::check_for_interrupts!();
+        }
+    }
+}

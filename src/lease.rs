@@ -1,0 +1,329 @@
+//! The durable lease, on the generation side: the one-time checks before a backend's first
+//! ID (settings, recovery, recorded layout, where IDs resume, origins to take over), and
+//! the renewals that make each lease durable (state file, then WAL, then the synchronous
+//! standbys a session asks for) before the generator may use it. The WAL side is `wal`;
+//! the rules (how far a lease reaches, where IDs resume) are `snowflake_core::durable`.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use pgrx::prelude::*;
+
+use crate::errors;
+use crate::gucs;
+use crate::origin;
+use crate::server;
+use crate::shmem::{self, Node};
+use crate::wal;
+use snowflake_core::claim::{ClaimStatus, Fence};
+use snowflake_core::durable::{
+    self, AdoptedOrigin, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
+};
+use snowflake_core::generator::{Generator, Resumed};
+use snowflake_core::layout::{Epoch, EpochMs, UnixMs};
+use snowflake_core::settings::{check_epoch_at, redacted, Config, WorkerId};
+
+thread_local! {
+    /// The configuration once generation succeeded in this backend: preloaded, settings
+    /// valid, not in recovery, durable state loaded. None of that can change while the
+    /// backend lives (the settings are PGC_POSTMASTER, a primary never re-enters recovery,
+    /// and a crash restart ends every backend), so later calls skip the checks.
+    static READY: Cell<Option<Config>> = const { Cell::new(None) };
+}
+
+/// Everything `snowflake_next()` needs before it may touch the generator.
+#[inline]
+pub(crate) fn generation_config(function: &'static str) -> errors::Result<Config> {
+    match READY.get() {
+        Some(config) => Ok(config),
+        None => first_generation_config(function),
+    }
+}
+
+#[cold]
+fn first_generation_config(function: &'static str) -> errors::Result<Config> {
+    // Parsed at preload, like shared memory: None means the library was not preloaded.
+    let config = gucs::config()
+        .ok_or_else(|| errors::not_preloaded(function))?
+        .map_err(|e| errors::setting(&e))?;
+    if let Some(rejected) = gucs::rejected_at_start() {
+        return Err(errors::setting(&rejected));
+    }
+    // SAFETY: plain function call; cheap once recovery has ended (cached in the backend).
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        return Err(errors::in_recovery(function));
+    }
+    ensure_loaded(&config)?;
+    adopt_origins(&config)?;
+    READY.set(Some(config));
+    Ok(config)
+}
+
+/// Once per server start (and per crash restart, and after a promotion): check the recorded
+/// layout against the configuration and decide where IDs resume (`durable::plan_resume`):
+/// at the durable lease end after a restart, past every lease the old primary could have
+/// written after a promotion. File I/O runs under the DURABLE lock, never under the
+/// generator's. Called once per backend, before READY is set.
+fn ensure_loaded(config: &Config) -> errors::Result<()> {
+    // Never record an epoch that cannot generate now (in the future, or exhausted).
+    check_epoch_at(config.epoch, server::now_unix_ms()).map_err(errors::epoch_problem)?;
+    let mut durable_state = shmem::DURABLE.exclusive();
+    if !durable_state.loaded {
+        let state = recorded_state(config.epoch)?;
+        let live_peer = state
+            .as_ref()
+            .and_then(|s| wal::live_peer_clock(s.reach_cap_ms));
+        let plan = durable::plan_resume(
+            state.as_ref(),
+            wal::insertion_timeline(),
+            server::now_unix_ms(),
+            live_peer,
+            durable::reach_cap_ms(gucs::lease_window_ms() as i64, 0),
+        );
+        let lease_end = state
+            .map(|s| config.epoch.timestamp_or_zero(UnixMs(s.lease_end_unix_ms)))
+            .unwrap_or_default();
+        let floor = config.epoch.timestamp_or_zero(UnixMs(plan.floor_unix_ms));
+        let resumed = match plan.kind {
+            ResumeKind::Fresh | ResumeKind::Restart => Resumed::Restart,
+            ResumeKind::ClockBehind { step_back_ms } => Resumed::ClockBehind { step_back_ms },
+            ResumeKind::Failover { lead_ms, margin_ms } => {
+                errors::failover_resume(plan.floor_unix_ms, lead_ms, margin_ms).log();
+                Resumed::Failover
+            }
+        };
+        let mut shared = shmem::GENERATOR.exclusive();
+        match config.worker_id {
+            WorkerId::Fixed(worker_id) => {
+                shared.generator = Generator::resume(floor, lease_end, resumed);
+                shared.node = Node {
+                    datacenter_id: config.datacenter_id,
+                    worker_id,
+                };
+                shared.fence = Fence::UNLIMITED;
+            }
+            WorkerId::Auto => {
+                // No lease yet: the first ID extends it, which checks the claim's fence.
+                shared.generator = Generator::resume(floor, EpochMs(0), resumed);
+                let claim_floor = shared.claim_floor;
+                shared.generator.raise_floor(claim_floor);
+            }
+        }
+        shared.lease_lsn = 0;
+        shared.confirmed_lsn = 0;
+        durable_state.lease_end = lease_end;
+        durable_state.loaded = true;
+    }
+    Ok(())
+}
+
+/// Reads the state file and refuses if its recorded layout differs from the one `epoch`
+/// gives: stored IDs must never be generated or decoded under another layout.
+pub(crate) fn recorded_state(epoch: Epoch) -> errors::Result<Option<StateFile>> {
+    let configured = LayoutRecord::current(epoch);
+    let state = durable::read(&server::data_dir()).map_err(|e| errors::state_file(&e, false))?;
+    match durable::check_layout(state.as_ref(), &configured) {
+        LayoutCheck::Differs { recorded } => Err(errors::layout_mismatch(&recorded, &configured)),
+        LayoutCheck::Matches | LayoutCheck::NotRecorded => Ok(state),
+    }
+}
+
+/// Extends the durable lease so that it covers `timestamp`: state file first (fsync), then
+/// a WAL record, and only then the generator's lease. The lease reaches
+/// `lease_reach_ms` past the later of `timestamp` and the clock, read under the DURABLE lock
+/// (so that waiting for that lock does not make the lease stale). A session that asks for
+/// synchronous standbys waits for them to confirm the record before the lease is used,
+/// whoever wrote it.
+pub(crate) fn renew(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
+    let window = gucs::lease_window_ms() as i64;
+    let (lease_end, lsn, wrote_at) = {
+        let mut durable_state = shmem::DURABLE.exclusive();
+        let mut wrote_at = None;
+        if durable_state.lease_end <= timestamp {
+            wrote_at = Some(server::monotonic_ms());
+            let now = server::now_unix_ms();
+            let wall = config.epoch.timestamp_of(UnixMs(now)).unwrap_or_default();
+            let last_renewal = shmem::COUNTERS
+                .get()
+                .last_renewal_ms
+                .load(Ordering::Relaxed);
+            let reach = durable::lease_reach_ms(window, last_renewal as i64) as u64;
+            let new_end = timestamp.max(wall).plus(reach).max(durable_state.lease_end);
+            write_lease(&mut durable_state, config, new_end, now)?;
+        }
+        (durable_state.lease_end, durable_state.lease_lsn, wrote_at)
+    };
+    let level = wal::wait_for_confirmation(lsn);
+    if let Some(started) = wrote_at {
+        // From the clock reading the lease was computed from to the moment it can be used.
+        let took = server::monotonic_ms().saturating_sub(started);
+        let counters = shmem::COUNTERS.get();
+        counters.last_renewal_ms.store(took, Ordering::Relaxed);
+    }
+    let mut shared = shmem::GENERATOR.exclusive();
+    let fence = shared.fence;
+    let granted_end = if fence == Fence::UNLIMITED {
+        lease_end
+    } else {
+        if !fence.allows(config.epoch.to_unix(timestamp).0, server::monotonic_ms()) {
+            drop(shared);
+            return wait_for_claim(config, timestamp);
+        }
+        lease_end.min(config.epoch.timestamp_or_zero(UnixMs(fence.cap_unix_ms)))
+    };
+    shared.generator.extend_lease(granted_end);
+    shared.lease_lsn = shared.lease_lsn.max(lsn);
+    note_confirmed(&mut shared, lsn, level);
+    Ok(())
+}
+
+/// Called when the claim's fence does not cover `timestamp`, the next ID's. Waits while that
+/// can change soon: the registry worker is making its first attempt (just after a start or a
+/// promotion), or it holds a claim whose next renewal will move the cap past `timestamp`
+/// (an ID clock running ahead of the wall clock). Up to one claim TTL; then, or at once in
+/// any other state, raises the error that explains the state. Ok: try again.
+fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
+    let timing = gucs::claim_timing();
+    let UnixMs(wanted_unix_ms) = config.epoch.to_unix(timestamp);
+    let started = server::monotonic_ms();
+    loop {
+        let fence = shmem::GENERATOR.share().fence;
+        let now_mono = server::monotonic_ms();
+        if fence.allows(wanted_unix_ms, now_mono) {
+            return Ok(());
+        }
+        let claim = *shmem::CLAIM.share();
+        let waiting = matches!(claim.status, ClaimStatus::Starting | ClaimStatus::Held);
+        if !waiting || now_mono.saturating_sub(started) > timing.ttl_ms() {
+            let registry = gucs::registry().map(|r| redacted(&r)).unwrap_or_default();
+            let mut detail = claim.detail();
+            if claim.status == ClaimStatus::Held {
+                detail = format!(
+                    "The claim allows IDs up to {} ms past its last renewal; the next ID's time is {} ms past this server's clock, and the claim was not renewed in time.",
+                    timing.fence_reach_ms(),
+                    wanted_unix_ms - server::now_unix_ms()
+                );
+            }
+            return Err(errors::claim_unavailable(
+                claim.status,
+                &detail,
+                &registry,
+                config.datacenter_id,
+            ));
+        }
+        server::sleep_ms(10);
+    }
+}
+
+/// Makes a lease ending at `new_end` (ms since the epoch) durable, computed at `now`: the
+/// state file first (fsync), then the WAL record. Called under the DURABLE lock.
+fn write_lease(
+    durable_state: &mut shmem::SharedDurable,
+    config: &Config,
+    new_end: EpochMs,
+    now: i64,
+) -> errors::Result<()> {
+    let record = LeaseRecord {
+        lease_end_unix_ms: config.epoch.to_unix(new_end).0,
+        layout: LayoutRecord::current(config.epoch),
+        written_unix_ms: now,
+        timeline: wal::insertion_timeline(),
+        reach_cap_ms: configured_reach_cap_ms(),
+    };
+    // File before WAL: a base backup taken after a record's checkpoint then always copies a
+    // file at least as new as every record it will not replay.
+    durable::write(&server::data_dir(), &StateFile::own(&record))
+        .map_err(|e| errors::state_file(&e, true))?;
+    durable_state.lease_lsn = wal::log_lease(&record);
+    durable_state.lease_end = new_end;
+    durable_state.lease_writes += 1;
+    Ok(())
+}
+
+/// The furthest past its clock this server may place a lease with the current settings.
+fn configured_reach_cap_ms() -> i64 {
+    durable::reach_cap_ms(
+        gucs::lease_window_ms() as i64,
+        gucs::clock_policy().max_drift_ms as i64,
+    )
+}
+
+/// Once per backend, before its first ID: checks this database's `snowflake_origin` rows
+/// against the configured epoch, and takes over the IDs of every other cluster they name
+/// (the database came through pg_upgrade, or a dump restored here) that this server has
+/// not taken over yet. That cluster's lease stayed in its data directory; the resume point
+/// moves past the furthest it could have reached ([`durable::adoption_floor_ms`]), durably
+/// (state file, WAL) before the origin is recorded as taken over.
+fn adopt_origins(config: &Config) -> errors::Result<()> {
+    let rows = origin::rows()?;
+    origin::epoch_agrees(&rows, config.epoch)?;
+    let own = origin::own_system_identifier();
+    let mut foreign: Vec<u64> = rows
+        .iter()
+        .map(|r| r.system_identifier)
+        .filter(|s| *s != own)
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    foreign.sort_unstable();
+    foreign.dedup();
+    let dir = server::data_dir();
+    let (floor, lsn) = {
+        let mut durable_state = shmem::DURABLE.exclusive();
+        let mut origins =
+            durable::read_origins(&dir).map_err(|e| errors::origins_file(&e, false))?;
+        foreign.retain(|s| !origins.covers(*s));
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        let now = server::now_unix_ms();
+        let reach = configured_reach_cap_ms();
+        let floor_unix_ms = durable::adoption_floor_ms(now, reach);
+        let floor = config.epoch.timestamp_or_zero(UnixMs(floor_unix_ms));
+        if durable_state.lease_end < floor {
+            write_lease(&mut durable_state, config, floor, now)?;
+        }
+        for system_identifier in foreign {
+            origins = origins.with(AdoptedOrigin {
+                system_identifier,
+                adopted_unix_ms: now,
+                floor_unix_ms,
+            });
+            errors::adopted_origin(system_identifier, floor_unix_ms, reach).log();
+        }
+        durable::write_origins(&dir, &origins).map_err(|e| errors::origins_file(&e, true))?;
+        (floor, durable_state.lease_lsn)
+    };
+    let mut shared = shmem::GENERATOR.exclusive();
+    shared.generator.extend_lease(floor);
+    shared.generator.raise_floor(floor);
+    shared.lease_lsn = shared.lease_lsn.max(lsn);
+    Ok(())
+}
+
+/// Records that `lsn` was confirmed at `level`, if that is the strongest level.
+#[inline]
+fn note_confirmed(shared: &mut shmem::SharedGenerator, lsn: u64, level: Option<usize>) {
+    if level == Some(pg_sys::SYNC_REP_WAIT_FLUSH as usize) {
+        shared.confirmed_lsn = shared.confirmed_lsn.max(lsn);
+    }
+}
+
+/// The lease LSN this session must see confirmed before it may issue, if any: the newest
+/// lease record is not yet known to be confirmed, and the session asks for synchronous
+/// standbys that have not confirmed it at its level. Called under the generator's lock;
+/// a few loads when synchronous replication is off.
+#[inline]
+pub(crate) fn unconfirmed(shared: &mut shmem::SharedGenerator) -> Option<u64> {
+    let lsn = shared.lease_lsn;
+    if lsn <= shared.confirmed_lsn {
+        return None;
+    }
+    let level = wal::sync_wait_level()?;
+    if wal::confirmed(lsn, level) {
+        note_confirmed(shared, lsn, Some(level));
+        return None;
+    }
+    Some(lsn)
+}

@@ -1,0 +1,96 @@
+//! `snowflake_stats()`: what the generator, the durable lease and the registry claim look
+//! like now, for monitoring.
+
+use std::sync::atomic::Ordering;
+
+use pgrx::prelude::*;
+use pgrx::AllocatedByRust;
+
+use crate::errors;
+use crate::gucs;
+use crate::rows::{cell, result_row, timestamptz};
+use crate::server;
+use crate::shmem;
+use snowflake_core::claim::ClaimStatus;
+use snowflake_core::durable;
+use snowflake_core::layout::EpochMs;
+use snowflake_core::settings::{redacted, WorkerId};
+
+/// The `snowflake_stats_row` of `snowflake_stats()`: configuration, position and counters,
+/// read from shared memory (and, before the first ID or on a standby, the state file).
+pub(crate) fn row(fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, AllocatedByRust> {
+    const NAME: &str = "snowflake_stats";
+    if !shmem::is_available() {
+        errors::not_preloaded(NAME).raise(NAME);
+    }
+    let config = gucs::config().and_then(Result::ok);
+    let epoch = config
+        .map(|c| c.epoch)
+        .or_else(|| gucs::epoch().and_then(Result::ok));
+    let (generator, node) = {
+        let shared = shmem::GENERATOR.share();
+        (shared.generator, shared.node)
+    };
+    let claim = *shmem::CLAIM.share();
+    let auto = config.is_some_and(|c| c.worker_id == WorkerId::Auto);
+    let worker_id = match config.map(|c| c.worker_id) {
+        Some(WorkerId::Fixed(w)) => Some(i32::from(w)),
+        Some(WorkerId::Auto) if claim.status == ClaimStatus::Held => {
+            Some(i32::from(node.worker_id))
+        }
+        _ => None,
+    };
+    let durable_state = *shmem::DURABLE.share();
+    let waits = shmem::COUNTERS.get().waits.load(Ordering::Relaxed);
+    let now = server::now_unix_ms();
+
+    let last_issued_ms = epoch
+        .zip(generator.last_timestamp())
+        .map(|(e, t)| e.to_unix(t).0);
+    let lease_end_ms = if durable_state.loaded {
+        epoch
+            .filter(|_| durable_state.lease_end > EpochMs(0))
+            .map(|e| e.to_unix(durable_state.lease_end).0)
+    } else {
+        // Not generating yet (or a standby): show what the state file says.
+        durable::read(&server::data_dir())
+            .ok()
+            .flatten()
+            .map(|s| s.lease_end_unix_ms)
+            .filter(|ms| *ms > 0)
+    };
+    let events = generator.events();
+    let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
+    let cells = [
+        cell("worker_id", worker_id),
+        cell("datacenter_id", config.map(|c| i32::from(c.datacenter_id))),
+        cell("epoch", epoch.map(|e| timestamptz(e.unix_ms()))),
+        cell("last_issued", last_issued_ms.map(timestamptz)),
+        cell(
+            "drift_ms",
+            last_issued_ms.map(|ms| (ms - now).max(0)).unwrap_or(0),
+        ),
+        cell("lease_end", lease_end_ms.map(timestamptz)),
+        cell("ids_issued", as_i64(events.issued)),
+        cell("sequence_exhaustions", as_i64(events.exhaustions)),
+        cell("clock_steps_back", as_i64(events.steps_back)),
+        cell("largest_step_back_ms", as_i64(events.largest_step_back_ms)),
+        cell("lease_writes", as_i64(durable_state.lease_writes)),
+        cell("waits", as_i64(waits)),
+        cell(
+            "worker_id_source",
+            config.map(|_| if auto { "registry" } else { "configuration" }),
+        ),
+        cell(
+            "registry",
+            gucs::registry().filter(|_| auto).map(|r| redacted(&r)),
+        ),
+        cell("claim_status", auto.then(|| claim.status.name())),
+        cell(
+            "claim_expires_at",
+            (auto && claim.status == ClaimStatus::Held && claim.expires_unix_ms > 0)
+                .then(|| timestamptz(claim.expires_unix_ms)),
+        ),
+    ];
+    result_row(fcinfo, NAME, cells)
+}
