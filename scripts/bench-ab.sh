@@ -3,7 +3,8 @@
 # the per-call cost of snowflake_next() and snowflake_next_batch() relative to nextval(),
 # rounds alternating the two libraries (bench/ab.py). For "same figures within noise"
 # checks after a refactor.
-#   scripts/bench-ab.sh REV [--rows N] [--rounds N]     (PostgreSQL 15 unless PG_MAJOR is set)
+#   scripts/bench-ab.sh REV [--rows N] [--rounds N]   (defaults 1,000,000 and 12; PostgreSQL 15
+#                                                     unless PG_MAJOR is set)
 # Revision A is built from a git worktree with its own target directory (kept in
 # /var/tmp/snowflake-ab-target, so a second run rebuilds only what changed).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -34,7 +35,13 @@ cluster_fresh "$DIR" "$PORT" \
     "synchronous_commit = off" \
     "shared_buffers = '256MB'" \
     "autovacuum = off"
-trap 'cluster_stop "$DIR/data"; cp "$SNOWFLAKE_RUN_DIR/b.so" "$libdir/snowflake.so"; git -C "$REPO_ROOT" worktree remove --force "$worktree"' EXIT
+restore() {
+    cluster_stop "$DIR/data"
+    cp "$SNOWFLAKE_RUN_DIR/b.so" "$libdir/snowflake.so.new" && mv "$libdir/snowflake.so.new" "$libdir/snowflake.so"
+    git -C "$REPO_ROOT" worktree remove --force "$worktree"
+    rm -rf "$SNOWFLAKE_RUN_DIR"
+}
+trap restore EXIT
 cluster_psql "$DIR/data" "$PORT" -q -c "CREATE EXTENSION snowflake"
 
 log "A = $rev, B = working tree"
