@@ -15,7 +15,7 @@ import unittest
 
 import psycopg
 
-from harness import PG_BIN, Cluster, as_postgres, error_of
+from harness import PG_BIN, Cluster, as_postgres, error_of, wait_until
 
 PRELOAD = "'snowflake'"
 
@@ -162,7 +162,9 @@ class SynchronousModes(unittest.TestCase):
 
         th = threading.Thread(target=call)
         th.start()
-        time.sleep(1.5)
+        wait_until(lambda: primary.one(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'Extension'"
+            " AND query = 'SELECT snowflake_next()'") == 1, what="the call waiting on the standby")
         self.assertTrue(th.is_alive(), "the lease did not wait for the synchronous standby")
         cleared = time.monotonic()
         primary.sql("ALTER SYSTEM SET synchronous_standby_names = ''")
