@@ -18,6 +18,7 @@ use pgrx::prelude::*;
 
 use crate::errors;
 use crate::gucs;
+use crate::lease;
 use crate::registry::{self, ClaimReply, ClaimRequest, Registry, RenewReply};
 use crate::server::{data_dir, monotonic_ms, now_unix_ms};
 use crate::shmem::{self, Node};
@@ -396,21 +397,7 @@ impl Holder {
             return;
         };
         let epoch = self.config.epoch;
-        let lease_end_unix_ms = {
-            let durable_state = shmem::DURABLE.share();
-            if durable_state.loaded {
-                Some(epoch.to_unix(durable_state.lease_end).0)
-            } else {
-                None
-            }
-        };
-        let lease_end_unix_ms = lease_end_unix_ms.unwrap_or_else(|| {
-            durable::read(&data_dir())
-                .ok()
-                .flatten()
-                .map(|s| s.lease_end_unix_ms)
-                .unwrap_or(0)
-        });
+        let lease_end_unix_ms = lease::durable_end_unix_ms(Some(epoch)).unwrap_or(0);
         let position_unix_ms = {
             let mut shared = shmem::GENERATOR.exclusive();
             shared.fence = Fence::NONE;

@@ -128,6 +128,24 @@ pub(crate) fn recorded_state(epoch: Epoch) -> errors::Result<Option<StateFile>> 
     }
 }
 
+/// The durable lease end in Unix ms: from shared memory once this server has loaded its
+/// state (its first ID), else what the state file says (not generating yet, or a standby).
+/// None if there is no lease, or no epoch to convert the shared-memory one with.
+pub(crate) fn durable_end_unix_ms(epoch: Option<Epoch>) -> Option<i64> {
+    let durable_state = *shmem::DURABLE.share();
+    if durable_state.loaded {
+        epoch
+            .filter(|_| durable_state.lease_end > EpochMs(0))
+            .map(|e| e.to_unix(durable_state.lease_end).0)
+    } else {
+        durable::read(&server::data_dir())
+            .ok()
+            .flatten()
+            .map(|s| s.lease_end_unix_ms)
+            .filter(|ms| *ms > 0)
+    }
+}
+
 /// Extends the durable lease so that it covers `timestamp`: state file first (fsync), then
 /// a WAL record, and only then the generator's lease. The lease reaches
 /// `lease_reach_ms` past the later of `timestamp` and the clock, read under the DURABLE lock

@@ -8,12 +8,11 @@ use pgrx::AllocatedByRust;
 
 use crate::errors;
 use crate::gucs;
+use crate::lease;
 use crate::rows::{cell, result_row, timestamptz};
 use crate::server;
 use crate::shmem;
 use snowflake_core::claim::ClaimStatus;
-use snowflake_core::durable;
-use snowflake_core::layout::EpochMs;
 use snowflake_core::settings::{redacted, WorkerId};
 
 /// The `snowflake_stats_row` of `snowflake_stats()`: configuration, position and counters,
@@ -47,18 +46,7 @@ pub(crate) fn row(fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, Allo
     let last_issued_ms = epoch
         .zip(generator.last_timestamp())
         .map(|(e, t)| e.to_unix(t).0);
-    let lease_end_ms = if durable_state.loaded {
-        epoch
-            .filter(|_| durable_state.lease_end > EpochMs(0))
-            .map(|e| e.to_unix(durable_state.lease_end).0)
-    } else {
-        // Not generating yet (or a standby): show what the state file says.
-        durable::read(&server::data_dir())
-            .ok()
-            .flatten()
-            .map(|s| s.lease_end_unix_ms)
-            .filter(|ms| *ms > 0)
-    };
+    let lease_end_ms = lease::durable_end_unix_ms(epoch);
     let events = generator.events();
     let as_i64 = |v: u64| v.min(i64::MAX as u64) as i64;
     let cells = [
