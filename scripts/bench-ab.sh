@@ -21,11 +21,20 @@ libdir="$("$PG_CONFIG" --pkglibdir)"
 install_extension
 cp "$libdir/snowflake.so" "$SNOWFLAKE_RUN_DIR/b.so"
 
+# On any exit: stop the cluster, put B's library back (by rename: the file may be loaded),
+# drop the worktree and the run directory.
+worktree="$SNOWFLAKE_RUN_DIR/ab-worktree"
+restore() {
+    cluster_stop "$DIR/data"
+    cp "$SNOWFLAKE_RUN_DIR/b.so" "$libdir/snowflake.so.new" && mv "$libdir/snowflake.so.new" "$libdir/snowflake.so"
+    git -C "$REPO_ROOT" worktree remove --force "$worktree" 2>/dev/null || true
+    rm -rf "$SNOWFLAKE_RUN_DIR"
+}
+trap restore EXIT
+
 # A: the earlier revision's library only.
 log "Building revision $rev (release) for PostgreSQL ${PG_MAJOR}"
-worktree="$SNOWFLAKE_RUN_DIR/ab-worktree"
 git -C "$REPO_ROOT" worktree add --detach "$worktree" "$rev" >/dev/null
-trap 'git -C "$REPO_ROOT" worktree remove --force "$worktree"' EXIT
 (cd "$worktree" && CARGO_TARGET_DIR=/var/tmp/snowflake-ab-target cargo pgrx package \
     --pg-config "$PG_CONFIG" --no-default-features --features "pg${PG_MAJOR}" >&2)
 cp "/var/tmp/snowflake-ab-target/release/snowflake-pg${PG_MAJOR}$libdir/snowflake.so" "$SNOWFLAKE_RUN_DIR/a.so"
@@ -35,13 +44,6 @@ cluster_fresh "$DIR" "$PORT" \
     "synchronous_commit = off" \
     "shared_buffers = '256MB'" \
     "autovacuum = off"
-restore() {
-    cluster_stop "$DIR/data"
-    cp "$SNOWFLAKE_RUN_DIR/b.so" "$libdir/snowflake.so.new" && mv "$libdir/snowflake.so.new" "$libdir/snowflake.so"
-    git -C "$REPO_ROOT" worktree remove --force "$worktree"
-    rm -rf "$SNOWFLAKE_RUN_DIR"
-}
-trap restore EXIT
 cluster_psql "$DIR/data" "$PORT" -q -c "CREATE EXTENSION snowflake"
 
 log "A = $rev, B = working tree"
