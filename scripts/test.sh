@@ -3,8 +3,9 @@
 # (PG_MAJORS overrides the list):
 #   1. cargo fmt --check, cargo clippy -D warnings, the released-scripts rule
 #   2. per major: cargo pgrx test (pure Rust unit/property tests and #[pg_test]s in a
-#      preloaded server), the release package installed from its tarball, pg_regress, and
-#      the integration tests against real clusters (tests/integration)
+#      preloaded server), the release package installed from its tarball, and pg_regress
+#   3. the integration tests against real clusters (tests/integration), IT_JOBS majors at a
+#      time (default 2)
 # .ci/run calls exactly this script.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -14,7 +15,6 @@ export PG_MAJORS="${PG_MAJORS:-15 16 17 18}"
 # so that two runs on one machine do not collide; removed when every test passed.
 SNOWFLAKE_RUN_DIR=""
 use_run_dir
-export SNOWFLAKE_IT_BASE="$SNOWFLAKE_RUN_DIR/it"
 
 "$REPO_ROOT/scripts/setup.sh"
 
@@ -48,10 +48,48 @@ for major in $PG_MAJORS; do
     log "PostgreSQL $major: pg_regress"
     "$REPO_ROOT/scripts/regress.sh"
 
-    log "PostgreSQL $major: integration tests (real clusters)"
-    (cd "$REPO_ROOT/tests/integration" && /usr/bin/python3 -m unittest discover -v -p 'test_*.py')
-    log "PostgreSQL $major: passed ($((SECONDS - started)) s so far)"
+    log "PostgreSQL $major: built, unit-tested and regress-tested ($((SECONDS - started)) s so far)"
 done
+
+# The integration suites mostly wait (leases, TTLs, clock steps), so IT_JOBS of them run at
+# once, one per major, each in its own directory and log; the builds above are done by now,
+# so the 17 -> 18 pg_upgrade test finds 17's install. A failed suite fails the run.
+it_jobs="${IT_JOBS:-2}"
+log "Integration tests (real clusters) on PostgreSQL ${PG_MAJORS}, ${it_jobs} majors at a time"
+declare -A suite_pid=()
+failed=()
+# finish_suite MAJOR: waits for that major's suite and prints its log.
+finish_suite() {
+    local m="$1" rc=0
+    wait "${suite_pid[$m]}" || rc=$?
+    log "PostgreSQL $m: integration tests $([ "$rc" = 0 ] && echo passed || echo "FAILED (exit $rc)") ($((SECONDS - started)) s so far)"
+    cat "$SNOWFLAKE_RUN_DIR/it-pg$m.log" >&2
+    [ "$rc" = 0 ] || failed+=("$m")
+    unset "suite_pid[$m]"
+}
+running=()
+for major in $PG_MAJORS; do
+    if [ "${#running[@]}" -ge "$it_jobs" ]; then
+        finish_suite "${running[0]}"
+        running=("${running[@]:1}")
+    fi
+    (
+        use_major "$major"
+        export SNOWFLAKE_IT_BASE="$SNOWFLAKE_RUN_DIR/it-pg$major"
+        cd "$REPO_ROOT/tests/integration"
+        exec /usr/bin/python3 -m unittest discover -v -p 'test_*.py'
+    ) >"$SNOWFLAKE_RUN_DIR/it-pg$major.log" 2>&1 &
+    suite_pid[$major]=$!
+    running+=("$major")
+    log "PostgreSQL $major: integration tests started (log: $SNOWFLAKE_RUN_DIR/it-pg$major.log)"
+done
+for major in "${running[@]}"; do
+    finish_suite "$major"
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+    log "Integration tests failed on PostgreSQL ${failed[*]}; clusters and logs kept in $SNOWFLAKE_RUN_DIR"
+    exit 1
+fi
 
 rm -rf "$SNOWFLAKE_RUN_DIR"
 log "All tests passed on PostgreSQL ${PG_MAJORS} in $((SECONDS - started)) s"
