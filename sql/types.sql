@@ -28,3 +28,15 @@ CREATE TYPE snowflake_stats_row AS (
     claim_expires_at     timestamptz   -- when the registry lets the claim go unless renewed
 );
 COMMENT ON TYPE snowflake_stats_row IS 'Row returned by snowflake_stats()';
+
+-- The row returned by snowflake_melt(): one ID as bytes and bits, with its fields.
+CREATE TYPE snowflake_melted AS (
+    bytes         bytea,        -- the 8 bytes, big-endian (network order)
+    bits          text,         -- the 64 bits, most significant first
+    ts            timestamptz,  -- generation time, millisecond precision
+    unix_ms       bigint,       -- the same time in Unix milliseconds
+    datacenter_id integer,      -- bits 17-21
+    worker_id     integer,      -- bits 12-16
+    sequence      integer       -- bits 0-11
+);
+COMMENT ON TYPE snowflake_melted IS 'A snowflake ID as bytes and bits with its fields, as returned by snowflake_melt()';

@@ -9,11 +9,13 @@ use pgrx::prelude::*;
 use crate::decode;
 use crate::driver;
 use crate::errors;
-use crate::rows::{parts_row, timestamptz, unix_ms_of, Int8Array};
+use crate::rows::{cell, parts_row, result_row, timestamptz, unix_ms_of, Int8Array};
 use crate::stats;
+use crate::watermark;
 use snowflake_core::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
 use snowflake_core::layout;
 use snowflake_core::settings::format_rfc3339;
+use snowflake_core::text;
 
 extension_sql_file!("../sql/types.sql", name = "types", bootstrap);
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
@@ -61,6 +63,18 @@ fn snowflake_next_block(n: i32) -> i64 {
     driver::next_block(NAME, n as u16)
 }
 
+/// The commit-order watermark: no transaction still in flight on this server (including
+/// prepared ones) holds an ID below it. A reader that polls
+/// `id >= cursor AND id < snowflake_safe_upto()` and then moves its cursor to that value
+/// sees every row once, whatever order the writers commit in.
+///
+/// VOLATILE: it moves as transactions end. PARALLEL RESTRICTED: it may rewrite the
+/// prepared-transaction file (dropping ended transactions), which a worker should not do.
+#[pg_extern(volatile, parallel_restricted)]
+fn snowflake_safe_upto() -> i64 {
+    watermark::safe_upto("snowflake_safe_upto")
+}
+
 /// Splits an ID into its time, datacenter, worker and sequence.
 #[pg_extern(immutable, strict, parallel_safe)]
 fn snowflake_decode(
@@ -81,8 +95,8 @@ fn snowflake_decode(
     )
 }
 
-/// Decodes an ID made by another generator: `twitter`, `discord`, `instagram`, `sonyflake`
-/// or `pgedge` (see the README for how their fields map onto `snowflake_parts`). Does not
+/// Decodes an ID made by another generator: `twitter`, `discord`, `instagram`, `sonyflake`,
+/// `pgedge` or `mastodon` (see the README for how their fields map onto `snowflake_parts`). Does not
 /// depend on any setting.
 #[pg_extern(immutable, strict, parallel_safe, name = "snowflake_decode")]
 fn snowflake_decode_layout(
@@ -98,6 +112,61 @@ fn snowflake_decode_layout(
         .decode(id)
         .unwrap_or_else(|e| errors::layout(e).raise(NAME));
     parts_row(fcinfo, NAME, &parts)
+}
+
+/// The ID's 8 bytes (big-endian) and 64 bits as text, with its decoded fields.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowflake_melt(
+    id: i64,
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> composite_type!('static, "snowflake_melted") {
+    const NAME: &str = "snowflake_melt";
+    let (parts, unix_ms) = decode::decoded(id, NAME);
+    result_row(
+        fcinfo,
+        NAME,
+        [
+            cell("bytes", id.to_be_bytes().to_vec()),
+            cell("bits", format!("{id:064b}")),
+            cell("ts", timestamptz(unix_ms)),
+            cell("unix_ms", unix_ms),
+            cell("datacenter_id", i32::from(parts.datacenter_id)),
+            cell("worker_id", i32::from(parts.worker_id)),
+            cell("sequence", i32::from(parts.sequence)),
+        ],
+    )
+}
+
+/// A business serial (payment or order number): `prefix`, the ID's UTC time as
+/// `YYYYMMDDHHMISSmmm`, then datacenter (2 digits), worker (2) and sequence (4). Serials of
+/// one prefix sort like their IDs. IMMUTABLE: it depends on the ID and the recorded epoch.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowflake_serial(prefix: &str, id: i64) -> String {
+    const NAME: &str = "snowflake_serial";
+    let epoch = decode::epoch().unwrap_or_else(|e| e.raise(NAME));
+    text::to_serial(prefix, id, epoch).unwrap_or_else(|e| errors::text(e).raise(NAME))
+}
+
+/// The ID of a serial made by `snowflake_serial()`, whatever its prefix (the last 25
+/// characters are the digits).
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowflake_serial_id(serial: &str) -> i64 {
+    const NAME: &str = "snowflake_serial_id";
+    let epoch = decode::epoch().unwrap_or_else(|e| e.raise(NAME));
+    text::from_serial(serial, epoch).unwrap_or_else(|e| errors::text(e).raise(NAME))
+}
+
+/// The ID as 13 characters of Crockford base32, upper case and zero-padded, so that text
+/// order (C collation) is numeric order. Does not depend on any setting.
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowflake_to_base32(id: i64) -> String {
+    text::to_base32(id).unwrap_or_else(|e| errors::text(e).raise("snowflake_to_base32"))
+}
+
+/// The ID of 13 characters of Crockford base32, in either case (I and L read as 1, O as 0).
+#[pg_extern(immutable, strict, parallel_safe)]
+fn snowflake_from_base32(text: &str) -> i64 {
+    text::from_base32(text).unwrap_or_else(|e| errors::text(e).raise("snowflake_from_base32"))
 }
 
 /// The decoded parts as JSON, with the ID as a string (JavaScript numbers lose precision

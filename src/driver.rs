@@ -14,7 +14,10 @@ use crate::rows::Int8Array;
 use crate::server;
 use crate::shmem::{self, Node};
 use crate::wal;
-use snowflake_core::generator::{ClockPolicy, GenerateError, Generator, Issued, Next};
+use crate::watermark;
+use snowflake_core::generator::{
+    ClockPolicy, GenerateError, Generator, Issued, Next, RANDOM_START_SPAN,
+};
 use snowflake_core::layout::{self, Epoch, EpochMs, Parts, UnixMs};
 use snowflake_core::settings::{check_epoch_at, Config};
 
@@ -123,6 +126,7 @@ fn attempt(
     }
     let now = server::now_unix_ms();
     let node = shared.node;
+    watermark::hold(&shared.generator, node);
     let pending = match config.epoch.timestamp_of(UnixMs(now)) {
         Ok(wall) => match take(&mut shared.generator, wall, node) {
             Ok(Took::All) => Pending::Done,
@@ -180,7 +184,19 @@ fn drive(
 ) {
     let config = lease::generation_config(function).unwrap_or_else(|e| e.raise(function));
     let policy = gucs::clock_policy();
-    let mut take = |g: &mut Generator, wall: EpochMs, node: Node| take(g, wall, policy, node);
+    let random_start = gucs::random_sequence_start();
+    // With a random start, each attempt draws where a new millisecond would begin.
+    let mut take = |g: &mut Generator, wall: EpochMs, node: Node| {
+        let policy = if random_start {
+            ClockPolicy {
+                first_sequence: server::random_below(RANDOM_START_SPAN),
+                ..policy
+            }
+        } else {
+            policy
+        };
+        take(g, wall, policy, node)
+    };
     let mut renewals = 0;
     loop {
         let (pending, warning) = attempt(&config, policy, bulk, &mut take);

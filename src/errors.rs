@@ -11,6 +11,7 @@ use snowflake_core::durable::{self, LayoutRecord};
 use snowflake_core::generator::{Events, GenerateError};
 use snowflake_core::layout::{Epoch, LayoutError};
 use snowflake_core::settings::{self, format_unix_ms, EpochProblem, SettingError};
+use snowflake_core::text::{TextError, BASE32_LEN, SERIAL_DIGITS};
 
 /// An error ready to be raised.
 #[derive(Debug, Clone)]
@@ -473,6 +474,17 @@ pub fn origins_file(err: &io::Error, writing: bool) -> SnowflakeError {
     )
 }
 
+/// The prepared-transaction file (the watermark's holds) could not be read or written.
+pub fn prepared_file(err: &io::Error, writing: bool) -> SnowflakeError {
+    data_file(
+        snowflake_core::watermark::PREPARED_FILE,
+        err,
+        writing,
+        "The file in the data directory lists the smallest snowflake ID each prepared transaction holds, for snowflake_safe_upto().",
+        "Commit or roll back the prepared transactions (pg_prepared_xacts), then remove the file.",
+    )
+}
+
 /// The LOG line written when this server takes over IDs another cluster issued.
 pub fn adopted_origin(system_identifier: u64, floor_unix_ms: i64, reach_ms: i64) -> SnowflakeError {
     SnowflakeError::new(
@@ -718,4 +730,68 @@ pub fn wrong_result_type(function: &str, declared: &str, produced: &str) -> Snow
         format!("The library's {function}() returns {produced}."),
         "Recreate the extension (DROP EXTENSION snowflake; CREATE EXTENSION snowflake) instead of declaring its functions by hand.",
     )
+}
+
+/// A serial or base32 text that is not one, or an ID that has no such text.
+pub fn text(err: TextError) -> SnowflakeError {
+    use PgSqlErrorCode::*;
+    let serial_hint = "A serial ends in 25 digits: the UTC time as YYYYMMDDHHMISSmmm, the datacenter (2 digits), the worker (2) and the sequence (4), as snowflake_serial() writes them.";
+    let base32_hint = "Pass 13 characters of Crockford base32 (0-9 and A-Z without I, L, O, U; I and L read as 1, O as 0), as snowflake_to_base32() writes them.";
+    match err {
+        TextError::Layout(e) => layout(e),
+        TextError::YearOutOfRange { unix_ms } => SnowflakeError::new(
+            ERRCODE_DATETIME_FIELD_OVERFLOW,
+            "snowflake ID is out of range for a serial",
+            format!("The ID's time {} is after year 9999; a serial has a 4-digit year.", ms(unix_ms)),
+            "Use snowflake_to_base32() or the ID itself for IDs this far in the future.",
+        ),
+        TextError::SerialTooShort { len } => SnowflakeError::new(
+            ERRCODE_INVALID_TEXT_REPRESENTATION,
+            "invalid snowflake serial: too short",
+            format!("The text has {len} characters; a serial has at least {SERIAL_DIGITS}."),
+            serial_hint,
+        ),
+        TextError::SerialNotDigit { position, found } => SnowflakeError::new(
+            ERRCODE_INVALID_TEXT_REPRESENTATION,
+            format!("invalid snowflake serial: \"{}\" is not a digit", found.escape_debug()),
+            format!("Character {position} is one of the last {SERIAL_DIGITS}, which must all be digits 0-9."),
+            serial_hint,
+        ),
+        TextError::SerialBadTime { digits } => SnowflakeError::new(
+            ERRCODE_DATETIME_FIELD_OVERFLOW,
+            "invalid snowflake serial: not a valid date and time",
+            format!("The time digits {digits} are not a UTC time YYYYMMDDHHMISSmmm."),
+            serial_hint,
+        ),
+        TextError::SerialFieldOutOfRange { field, value, max } => SnowflakeError::new(
+            ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            format!("invalid snowflake serial: {field} {value} is out of range"),
+            format!("The {field} is between 0 and {max}."),
+            serial_hint,
+        ),
+        TextError::SerialTimeOutOfRange(e) => {
+            let mut report = layout(e);
+            report.message = "invalid snowflake serial: its time is outside the IDs' range".into();
+            report.hint = "The serial's time must be between snowflake.epoch and the last millisecond 41 bits can hold; check that it was made with this database's epoch.".into();
+            report
+        }
+        TextError::Base32Length { len } => SnowflakeError::new(
+            ERRCODE_INVALID_TEXT_REPRESENTATION,
+            "invalid snowflake base32 text: wrong length",
+            format!("The text has {len} characters; it must have {BASE32_LEN}."),
+            base32_hint,
+        ),
+        TextError::Base32BadChar { position, found } => SnowflakeError::new(
+            ERRCODE_INVALID_TEXT_REPRESENTATION,
+            format!("invalid snowflake base32 text: \"{}\" is not a base32 digit", found.escape_debug()),
+            format!("Character {position} is outside Crockford's alphabet."),
+            base32_hint,
+        ),
+        TextError::Base32TooLarge => SnowflakeError::new(
+            ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            "invalid snowflake base32 text: value out of range",
+            "The first character must be 0-7: larger values do not fit in a bigint (bit 63 of an ID is 0).",
+            base32_hint,
+        ),
+    }
 }

@@ -36,6 +36,17 @@ pub enum ClockBehindAction {
     Wait,
 }
 
+/// Which sequence number a new millisecond starts at (`snowflake.sequence_start`).
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SequenceStart {
+    /// 0, as Twitter's generator: at low traffic every ID is even.
+    #[name = c"zero"]
+    Zero,
+    /// A random number below 256, so that `id % n` spreads evenly at low traffic.
+    #[name = c"random"]
+    Random,
+}
+
 /// Default of `snowflake.rmgr_id`, the custom WAL resource manager id (see README).
 pub const DEFAULT_RMGR_ID: i32 = 182;
 
@@ -43,6 +54,8 @@ static MAX_CLOCK_DRIFT: GucSetting<i32> =
     GucSetting::<i32>::new(settings::DEFAULT_MAX_CLOCK_DRIFT_MS as i32);
 static CLOCK_BEHIND_ACTION: GucSetting<ClockBehindAction> =
     GucSetting::<ClockBehindAction>::new(ClockBehindAction::Error);
+static SEQUENCE_START: GucSetting<SequenceStart> =
+    GucSetting::<SequenceStart>::new(SequenceStart::Zero);
 static MAX_CLOCK_WAIT: GucSetting<i32> =
     GucSetting::<i32>::new(settings::DEFAULT_MAX_CLOCK_WAIT_MS as i32);
 static LEASE_WINDOW: GucSetting<i32> =
@@ -192,6 +205,17 @@ unsafe fn define_policy_gucs(preloading: bool) {
             Some(accepted::<CLOCK_BEHIND_ACTION_SLOT>),
             None,
         );
+        GucRegistry::define_enum_guc_with_hooks(
+            name(SEQUENCE_START_SLOT),
+            c"Sequence number each new millisecond starts at: zero or random.",
+            c"zero is Twitter's behaviour (at low traffic every ID is even); random starts each millisecond at a random number below 256, so that id % n spreads evenly, at the cost of up to 255 of the 4,096 IDs of a saturated millisecond.",
+            &SEQUENCE_START,
+            GucContext::Sighup,
+            GucFlags::default(),
+            None,
+            Some(accepted::<SEQUENCE_START_SLOT>),
+            None,
+        );
         GucRegistry::define_int_guc_with_hooks(
             name(MAX_CLOCK_WAIT_SLOT),
             c"Longest wait for the clock when snowflake.clock_behind_action = wait.",
@@ -256,7 +280,7 @@ unsafe fn define_policy_gucs(preloading: bool) {
 /// the built-in default; generation refuses instead (see [`rejected_at_start`]). On a
 /// reload PostgreSQL keeps the last good value and logs the bad one, so only the start
 /// needs this. Indexed by the `*_SLOT` constants.
-const CHECKED_BY_POSTGRES: [&CStr; 7] = [
+const CHECKED_BY_POSTGRES: [&CStr; 8] = [
     c"snowflake.claim_ttl",
     c"snowflake.max_clock_drift",
     c"snowflake.clock_behind_action",
@@ -264,6 +288,7 @@ const CHECKED_BY_POSTGRES: [&CStr; 7] = [
     c"snowflake.lease_window",
     c"snowflake.warning_interval",
     c"snowflake.rmgr_id",
+    c"snowflake.sequence_start",
 ];
 const CLAIM_TTL_SLOT: usize = 0;
 const MAX_CLOCK_DRIFT_SLOT: usize = 1;
@@ -272,11 +297,12 @@ const MAX_CLOCK_WAIT_SLOT: usize = 3;
 const LEASE_WINDOW_SLOT: usize = 4;
 const WARNING_INTERVAL_SLOT: usize = 5;
 const RMGR_ID_SLOT: usize = 6;
+const SEQUENCE_START_SLOT: usize = 7;
 
 thread_local! {
     /// Per slot: the value PostgreSQL rejected at server start, until a later value is
     /// accepted. Set in the postmaster; backends inherit it at fork.
-    static REJECTED: RefCell<[Option<String>; 7]> = const { RefCell::new([const { None }; 7]) };
+    static REJECTED: RefCell<[Option<String>; 8]> = const { RefCell::new([const { None }; 8]) };
 }
 
 /// The value set for `name` in the configuration before the library defined it (a
@@ -295,7 +321,7 @@ fn placeholder_value(name: &CStr) -> Option<String> {
 
 /// After definition: remembers each configured value that PostgreSQL's own parser rejects
 /// (checked again with `changeVal = false`, which validates without assigning or logging).
-fn note_rejected_at_start(placeholders: &[Option<String>; 7]) {
+fn note_rejected_at_start(placeholders: &[Option<String>; 8]) {
     for (slot, value) in placeholders.iter().enumerate() {
         let Some(value) = value else { continue };
         let Ok(c_value) = CString::new(value.as_str()) else {
@@ -367,7 +393,14 @@ pub fn clock_policy() -> ClockPolicy {
     ClockPolicy {
         max_drift_ms: MAX_CLOCK_DRIFT.get() as u64,
         max_wait_ms,
+        first_sequence: 0,
     }
+}
+
+/// `snowflake.sequence_start` is `random`.
+#[inline]
+pub fn random_sequence_start() -> bool {
+    SEQUENCE_START.get() == SequenceStart::Random
 }
 
 /// `snowflake.lease_window` in ms.

@@ -4,9 +4,9 @@
 //! [`gucs`] (settings), [`shmem`] (shared memory), [`errors`] (ereport with SQLSTATE, DETAIL
 //! and HINT), `api` (the SQL functions, thin), `driver` (issuing), `lease` (the durable
 //! lease), `decode`, `stats`, `wal` (the custom WAL resource manager and the wait for
-//! synchronous standbys), `server` (data directory, clocks, latch waits), `rows` (datums
-//! and composite rows), `fleet` and `registry` (the worker-id registry). See the README's
-//! "Architecture" section.
+//! synchronous standbys), `watermark` (the commit-order watermark), `server` (data
+//! directory, clocks, latch waits), `rows` (datums and composite rows), `fleet` and
+//! `registry` (the worker-id registry). See the README's "Architecture" section.
 
 use pgrx::prelude::*;
 use snowflake_core::settings;
@@ -25,6 +25,7 @@ mod server;
 mod shmem;
 mod stats;
 mod wal;
+mod watermark;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;
@@ -42,6 +43,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init(preloading);
     if preloading {
         shmem::init();
+        watermark::init();
         wal::register(gucs::rmgr_id());
         warn_about_settings();
         if let Some(Ok(config)) = gucs::config() {

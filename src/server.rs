@@ -54,3 +54,27 @@ pub fn monotonic_ms() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000 + ts.tv_nsec as u64 / 1_000_000
 }
+
+/// This process's pseudo-random state (0: not seeded yet).
+static RANDOM_STATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A pseudo-random number below `span` (splitmix64, seeded per process from its pid and the
+/// clock). Statistical spread only: nothing relies on it being unpredictable.
+pub fn random_below(span: u16) -> u16 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut state = RANDOM_STATE.load(Relaxed);
+    if state == 0 {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        state = nanos ^ (u64::from(std::process::id()) << 32) | 1;
+    }
+    state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    RANDOM_STATE.store(state, Relaxed);
+    let mut z = state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % u64::from(span.max(1))) as u16
+}

@@ -1,12 +1,15 @@
 //! The custom WAL resource manager that carries lease extensions to standbys (PG15+), and
 //! the wait for synchronous standbys to confirm them.
 //!
-//! One record type, `LEASE`: the new lease end, the layout, and the writer's clock, timeline
-//! and lease reach. Redo (on a standby, and in crash recovery) merges it into the state file,
-//! so a promoted standby resumes after every lease whose record it received, and past the
-//! leases it may have missed (see `durable::plan_resume`). No relation, buffer or per-call
-//! lock is involved: a record is written only when the lease is extended (at most about
-//! once per `snowflake.lease_window` under steady load).
+//! Two record types:
+//! - `LEASE`: the new lease end, the layout, and the writer's clock, timeline and lease
+//!   reach. Redo (on a standby, and in crash recovery) merges it into the state file, so a
+//!   promoted standby resumes after every lease whose record it received, and past the
+//!   leases it may have missed (see `durable::plan_resume`). No relation, buffer or per-call
+//!   lock is involved: a record is written only when the lease is extended (at most about
+//!   once per `snowflake.lease_window` under steady load).
+//! - `PREPARED_HOLD`: a transaction being prepared and the smallest ID it holds, for the
+//!   watermark (see `watermark`); redo adds it to `snowflake.prepared`.
 
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -15,9 +18,12 @@ use pgrx::prelude::*;
 
 use snowflake_core::durable::{self, LeaseRecord, PeerClock, StateFile};
 use snowflake_core::settings::format_unix_ms;
+use snowflake_core::watermark::PreparedHold;
 
 /// `info` bits of a lease record (the high nibble is the resource manager's).
 const XLOG_SNOWFLAKE_LEASE: u8 = 0x10;
+/// `info` bits of a prepared transaction's watermark hold.
+const XLOG_SNOWFLAKE_PREPARED_HOLD: u8 = 0x20;
 /// Low bits of `xl_info` reserved by PostgreSQL.
 const XLR_INFO_MASK: u8 = 0x0F;
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
@@ -68,6 +74,22 @@ pub fn log_lease(record: &LeaseRecord) -> u64 {
         let lsn = pg_sys::XLogInsert(rmgr_id, XLOG_SNOWFLAKE_LEASE);
         pg_sys::XLogSetAsyncXactLSN(lsn);
         lsn
+    }
+}
+
+/// WAL-logs the smallest ID a transaction being prepared holds, so that a standby keeps it
+/// in its own `snowflake.prepared` (the PREPARE record follows and flushes it).
+pub fn log_prepared_hold(hold: &PreparedHold) {
+    let rmgr_id = RMGR_ID.load(Ordering::Relaxed);
+    if rmgr_id == 0 {
+        return;
+    }
+    let bytes = hold.encode();
+    // SAFETY: the standard insertion sequence; `bytes` outlives XLogInsert.
+    unsafe {
+        pg_sys::XLogBeginInsert();
+        pg_sys::XLogRegisterData(bytes.as_ptr().cast_mut().cast(), bytes.len() as _);
+        pg_sys::XLogInsert(rmgr_id, XLOG_SNOWFLAKE_PREPARED_HOLD);
     }
 }
 
@@ -224,6 +246,17 @@ unsafe fn record_payload<'a>(record: *mut pg_sys::XLogReaderState) -> (u8, &'a [
 unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
     // SAFETY: PostgreSQL calls redo with a valid record of this resource manager.
     let (info, data) = unsafe { record_payload(record) };
+    if info == XLOG_SNOWFLAKE_PREPARED_HOLD {
+        match PreparedHold::decode(data) {
+            Some(hold) => crate::watermark::redo_prepared_hold(hold)
+                .unwrap_or_else(|e| e.raise("snowflake_redo")),
+            None => pgrx::error!(
+                "snowflake: unreadable prepared-hold record ({} bytes)",
+                data.len()
+            ),
+        }
+        return;
+    }
     let lease = match (info, LeaseRecord::decode(data)) {
         (XLOG_SNOWFLAKE_LEASE, Some(lease)) => lease,
         _ => pgrx::error!(
@@ -250,18 +283,28 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
 #[pg_guard]
 unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
     // SAFETY: PostgreSQL calls desc with a valid record of this resource manager.
-    let (_, data) = unsafe { record_payload(record) };
-    let text = match LeaseRecord::decode(data) {
-        Some(r) => format!(
-            "lease end {} ({}); written {}; timeline {}; reach cap {} ms; epoch {}",
-            r.lease_end_unix_ms,
-            format_unix_ms(r.lease_end_unix_ms),
-            r.written_unix_ms,
-            r.timeline,
-            r.reach_cap_ms,
-            r.layout.epoch_ms
-        ),
-        None => format!("unreadable ({} bytes)", data.len()),
+    let (info, data) = unsafe { record_payload(record) };
+    let text = if info == XLOG_SNOWFLAKE_PREPARED_HOLD {
+        match PreparedHold::decode(data) {
+            Some(h) => format!(
+                "prepared transaction {} holds IDs from {}",
+                h.full_xid, h.min_id
+            ),
+            None => format!("unreadable ({} bytes)", data.len()),
+        }
+    } else {
+        match LeaseRecord::decode(data) {
+            Some(r) => format!(
+                "lease end {} ({}); written {}; timeline {}; reach cap {} ms; epoch {}",
+                r.lease_end_unix_ms,
+                format_unix_ms(r.lease_end_unix_ms),
+                r.written_unix_ms,
+                r.timeline,
+                r.reach_cap_ms,
+                r.layout.epoch_ms
+            ),
+            None => format!("unreadable ({} bytes)", data.len()),
+        }
     };
     let text = CString::new(text).unwrap_or_default();
     // SAFETY: buf is the caller's StringInfo.
@@ -270,9 +313,9 @@ unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::X
 
 #[pg_guard]
 unsafe extern "C-unwind" fn identify(info: u8) -> *const c_char {
-    if info & !XLR_INFO_MASK == XLOG_SNOWFLAKE_LEASE {
-        c"LEASE".as_ptr()
-    } else {
-        std::ptr::null()
+    match info & !XLR_INFO_MASK {
+        XLOG_SNOWFLAKE_LEASE => c"LEASE".as_ptr(),
+        XLOG_SNOWFLAKE_PREPARED_HOLD => c"PREPARED_HOLD".as_ptr(),
+        _ => std::ptr::null(),
     }
 }

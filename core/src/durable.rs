@@ -467,7 +467,7 @@ pub fn read(data_dir: &Path) -> io::Result<Option<StateFile>> {
 
 /// Reads `data_dir/name` as JSON (`what` names it in errors). `Ok(None)` when it does not
 /// exist; any other read error, or contents that do not parse, is an error.
-fn read_json<T: DeserializeOwned>(
+pub(crate) fn read_json<T: DeserializeOwned>(
     data_dir: &Path,
     name: &str,
     what: &str,
@@ -493,7 +493,7 @@ pub fn write(data_dir: &Path, state: &StateFile) -> io::Result<()> {
 
 /// Writes `value` as JSON to `data_dir/name`: a temporary file, fsync, rename, fsync of the
 /// directory. A crash leaves the old file or the new one, never a torn one.
-fn write_json<T: Serialize>(data_dir: &Path, name: &str, value: &T) -> io::Result<()> {
+pub(crate) fn write_json<T: Serialize>(data_dir: &Path, name: &str, value: &T) -> io::Result<()> {
     let tmp = data_dir.join(format!("{name}.tmp"));
     let mut body = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     body.push(b'\n');

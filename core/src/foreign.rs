@@ -8,7 +8,8 @@
 //! | `discord` | 41 bits ms since 2015-01-01T00:00:00Z | bits 21-17 (internal worker) | bits 16-12 (internal process) | bits 11-0 (increment) |
 //! | `instagram` | 41 bits ms since 2011-08-24T21:07:01.721Z | NULL | bits 22-10 (shard id) | bits 9-0 |
 //! | `sonyflake` | 39 bits of 10 ms since 2014-09-01T00:00:00Z | NULL | bits 15-0 (machine id) | bits 23-16 |
-//! | `pgedge` | 41 bits ms since 2023-01-01T00:00:00Z | NULL | bits 9-0 (node) | bits 21-10 (counter) |
+//! | `pgedge` | 41 bits ms since 2023-01-01T00:00:00Z | NULL | bits 21-12 (node) | bits 11-0 (counter) |
+//! | `mastodon` | 48 bits of Unix ms | NULL | NULL | bits 15-0 |
 
 use crate::layout::{LayoutError, DISCORD_EPOCH_MS, TWITTER_EPOCH_MS};
 
@@ -23,12 +24,21 @@ pub enum ForeignLayout {
     Instagram,
     /// Sony's Sonyflake: 39 bits of 10 ms units, 8-bit sequence, 16-bit machine id.
     Sonyflake,
-    /// pgEdge's snowflake extension: 41-bit ms, 12-bit counter, 10-bit node.
+    /// pgEdge's snowflake extension (1.2 and later): 41-bit ms, 10-bit node, 12-bit counter.
     Pgedge,
+    /// Mastodon's `timestamp_id`: 48 bits of Unix ms, 16 bits of hashed sequence.
+    Mastodon,
 }
 
 /// Names accepted by `snowflake_decode(id, layout)`, in documentation order.
-pub const LAYOUT_NAMES: [&str; 5] = ["twitter", "discord", "instagram", "sonyflake", "pgedge"];
+pub const LAYOUT_NAMES: [&str; 6] = [
+    "twitter",
+    "discord",
+    "instagram",
+    "sonyflake",
+    "pgedge",
+    "mastodon",
+];
 
 /// Instagram's epoch, from their "Sharding & IDs at Instagram" function: 1314220021721.
 pub const INSTAGRAM_EPOCH_MS: i64 = 1_314_220_021_721;
@@ -60,6 +70,7 @@ impl ForeignLayout {
             "instagram" => Some(ForeignLayout::Instagram),
             "sonyflake" => Some(ForeignLayout::Sonyflake),
             "pgedge" => Some(ForeignLayout::Pgedge),
+            "mastodon" => Some(ForeignLayout::Mastodon),
             _ => None,
         }
     }
@@ -101,8 +112,14 @@ impl ForeignLayout {
             ForeignLayout::Pgedge => ForeignParts {
                 unix_ms: ms_since(PGEDGE_EPOCH_MS, 22),
                 datacenter_id: None,
-                worker_id: Some(field(0, 10)),
-                sequence: field(10, 12),
+                worker_id: Some(field(12, 10)),
+                sequence: field(0, 12),
+            },
+            ForeignLayout::Mastodon => ForeignParts {
+                unix_ms: ms_since(0, 16),
+                datacenter_id: None,
+                worker_id: None,
+                sequence: field(0, 16),
             },
         })
     }
@@ -173,17 +190,47 @@ mod tests {
         );
     }
 
-    /// pgEdge snowflake, docs/snowflake_functions.md: `snowflake.format(136169504773242881)`
-    /// is `{"id": 1, "ts": "2024-01-11 13:08:59.845-05", "count": 0}` (node 1, count 0).
-    /// (The same page's `get_count` example prints 3 for this ID; the bits say 0.)
+    /// pgEdge/snowflake, snowflake.c (the current source; the order changed at 1.2):
+    /// `int64FromSnowflake` puts the count at SNOWFLAKE_COUNT_SHIFT 0 (mask 0xFFF), the node
+    /// at SNOWFLAKE_NODE_SHIFT 12 (mask 0x3FF) and the milliseconds since
+    /// SNOWFLAKE_EPOCH_OFFSET 1672531200 s at SNOWFLAKE_MSEC_SHIFT 22. Real output: a
+    /// Spock/Supabase deployment's README shows `snowflake.nextval()` returning
+    /// 413334082185859072 and `snowflake.get_node()` of it returning 1.
     #[test]
-    fn pgedge_documentation_example() {
-        let p = decode("pgedge", 136_169_504_773_242_881);
-        assert_eq!(p.unix_ms, 1_704_996_539_845); // 2024-01-11 18:08:59.845 UTC
+    fn pgedge_current_source() {
+        let p = decode("pgedge", 413_334_082_185_859_072);
+        assert_eq!(p.unix_ms, 1_771_077_724_569); // 2026-02-14 14:02:04.569 UTC
         assert_eq!(
             (p.datacenter_id, p.worker_id, p.sequence),
             (None, Some(1), 0)
         );
+        // int64FromSnowflake of node 1023, count 4095, msec 1: every field at its mask.
+        let id = (1i64 << 22) | (1023 << 12) | 4095;
+        let p = decode("pgedge", id);
+        assert_eq!(p.unix_ms, PGEDGE_EPOCH_MS + 1);
+        assert_eq!((p.worker_id, p.sequence), (Some(1023), 4095));
+        // pgEdge's older documentation decodes 136169504773242881 as node 1, count 0: that
+        // was the pre-1.2 order (node in bits 9-0). Today's order reads node 0, count 1.
+        let p = decode("pgedge", 136_169_504_773_242_881);
+        assert_eq!(p.unix_ms, 1_704_996_539_845); // 2024-01-11 18:08:59.845 UTC
+        assert_eq!((p.worker_id, p.sequence), (Some(0), 1));
+    }
+
+    /// Mastodon's API documentation (entities/Status, Example) shows status
+    /// 103270115826048975 of mastodon.social, created_at 2019-12-08T03:48:33.901Z; its top
+    /// 48 bits are 03:48:33.849 (the ID comes from the database's transaction time, the
+    /// created_at from the application a moment later). lib/mastodon/snowflake.rb's
+    /// `id_at(t, with_random: false)` is `t.to_i * 1000 << 16`.
+    #[test]
+    fn mastodon_documentation_and_source() {
+        let p = decode("mastodon", 103_270_115_826_048_975);
+        assert_eq!(p.unix_ms, 1_575_776_913_849);
+        assert_eq!(
+            (p.datacenter_id, p.worker_id, p.sequence),
+            (None, None, 40_911)
+        );
+        let p = decode("mastodon", 1_500_000_000_000 << 16);
+        assert_eq!((p.unix_ms, p.sequence), (1_500_000_000_000, 0));
     }
 
     #[test]
@@ -220,10 +267,10 @@ mod tests {
 
         /// Every layout decodes every non-negative ID without overflow.
         #[test]
-        fn all_layouts_total(id in 0..=i64::MAX, layout in 0usize..5) {
+        fn all_layouts_total(id in 0..=i64::MAX, layout in 0..LAYOUT_NAMES.len()) {
             let l = ForeignLayout::from_name(LAYOUT_NAMES[layout]).unwrap();
             let p = l.decode(id).unwrap();
-            prop_assert!(p.unix_ms >= TWITTER_EPOCH_MS.min(SONYFLAKE_EPOCH_MS).min(DISCORD_EPOCH_MS).min(INSTAGRAM_EPOCH_MS));
+            prop_assert!(p.unix_ms >= 0);
             prop_assert!(p.sequence >= 0);
         }
     }

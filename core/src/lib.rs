@@ -9,6 +9,8 @@
 //! - [`foreign`]: decoding other generators' layouts (Discord, Instagram, Sonyflake, ...).
 //! - [`claim`]: worker-id claims from a registry: timing, fences, clock checks.
 //! - [`ratelimit`]: the limiter for server-wide WARNINGs.
+//! - [`text`]: business serials and sortable base32 text.
+//! - [`watermark`]: the IDs prepared transactions hold, kept for the commit-order watermark.
 
 pub mod claim;
 pub mod durable;
@@ -17,3 +19,5 @@ pub mod generator;
 pub mod layout;
 pub mod ratelimit;
 pub mod settings;
+pub mod text;
+pub mod watermark;

@@ -7,7 +7,9 @@ SELECT layout, d.*
                ('discord', 175928847299117063),        -- Discord developer docs, Snowflakes
                ('instagram', (1387263000::bigint << 23) | (1341 << 10) | 313), -- Instagram blog
                ('sonyflake', (100::bigint << 24) | (3 << 16) | 258),          -- sonyflake.go toID
-               ('pgedge', 136169504773242881)          -- pgEdge docs, snowflake.format()
+               ('pgedge', 413334082185859072),         -- pgEdge snowflake.nextval() output, node 1
+               ('pgedge', (1::bigint << 22) | (1023 << 12) | 4095), -- snowflake.c int64FromSnowflake
+               ('mastodon', 103270115826048975)        -- Mastodon API docs, Status example
        ) AS v(layout, id),
        snowflake_decode(v.id, v.layout) AS d;
 
