@@ -136,6 +136,36 @@ def batch_api(conn, args):
     return out
 
 
+def set_sequence_start(conn, value):
+    conn.execute(f"ALTER SYSTEM SET snowflake.sequence_start = '{value}'")
+    conn.execute("SELECT pg_reload_conf()")
+    time.sleep(0.3)
+
+
+def sequence_start(conn, args):
+    """6. snowflake.sequence_start: at low traffic (one ID per 2 ms), the share of even IDs
+    and of the fullest of 8 shards (id % 8); saturated (strict mode), IDs per used ms."""
+    out = {}
+    for mode in ("zero", "random"):
+        set_sequence_start(conn, mode)
+        ids = [r[0] for r in conn.execute(
+            "SELECT snowflake_next(), pg_sleep(0.002) FROM generate_series(1, 500)").fetchall()]
+        shards = [sum(1 for i in ids if i % 8 == k) for k in range(8)]
+        set_drift(conn, 0)
+        per_ms = [conn.execute(
+            f"""SELECT count(*)::float8 / count(DISTINCT id >> 22)
+                  FROM (SELECT snowflake_next() AS id FROM generate_series(1, {args.rows})) s""").fetchone()[0]
+            for _ in range(3)]
+        set_drift(conn, "1s")
+        out[mode] = {
+            "low_traffic_even_share": sum(1 for i in ids if i % 2 == 0) / len(ids),
+            "low_traffic_largest_of_8_shards": max(shards) / len(ids),
+            "saturated_ids_per_used_ms": statistics.median(per_ms),
+        }
+    set_sequence_start(conn, "zero")
+    return out
+
+
 def key_tables(server_major):
     keys = {
         "snowflake_next()": "id bigint PRIMARY KEY DEFAULT snowflake_next()",
@@ -250,6 +280,14 @@ def write_markdown(res, path):
     for name, s in res["storage"].items():
         lines.append(f"| `{name}` | {s['load_s']:.1f} s | {mb(s['table_bytes'])} | {mb(s['pkey_bytes'])} | "
                      f"{mb(s['pkey_bytes_time_order_inserts'])} | {mb(s['pkey_bytes_random_order_inserts'])} |")
+    lines += ["", "## 6. `snowflake.sequence_start`", "",
+              "Low traffic: 500 IDs, one per 2 ms. Saturated: strict mode, single calls.", "",
+              "| setting | even IDs, low traffic | fullest of 8 shards (`id % 8`), low traffic | IDs per used ms, saturated |",
+              "|---|---:|---:|---:|"]
+    for mode, r in res["sequence_start"].items():
+        lines.append(f"| `{mode}` | {r['low_traffic_even_share'] * 100:.0f}% | "
+                     f"{r['low_traffic_largest_of_8_shards'] * 100:.0f}% (even: 12.5%) | "
+                     f"{r['saturated_ids_per_used_ms']:.0f} |")
     lines += ["", "![chart](chart.svg)", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -326,6 +364,8 @@ def main():
         bench = pgbench(conn, args, major)
         print("storage ...", file=sys.stderr)
         store = storage(conn, args, major)
+        print("sequence start ...", file=sys.stderr)
+        starts = sequence_start(conn, args)
 
     by = {r["expression"]: r for r in rows}
     res = {
@@ -338,6 +378,7 @@ def main():
         "clients": args.clients, "pgbench_seconds": args.pgbench_seconds,
         "pgbench_repeat": args.pgbench_repeat, "pgbench": bench,
         "storage_rows": args.storage_rows, "storage": store,
+        "sequence_start": starts,
         "pgedge": "included" if "pgEdge snowflake.nextval()" in by else
                   "not installed, skipped (its extension is also named \"snowflake\", so it cannot be installed next to this one)",
         "headline": {

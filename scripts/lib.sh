@@ -26,6 +26,10 @@ use_major() {
 }
 use_major "${PG_MAJOR:-15}"
 export PATH="${HOME}/.cargo/bin:${PATH}"
+# Python libraries from PyPI that Debian 12 lacks (SQLAlchemy 2), for the client examples.
+PYLIB=/opt/snowflake-pylib
+SQLALCHEMY_VERSION=2.1.9
+export PYLIB
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, skipping what is already there:
 # Debian packages, PostgreSQL 16/17/18 source builds (for the majors in PG_MAJORS),
-# cargo-pgrx 0.18.1, and `cargo pgrx init` for every major.
+# cargo-pgrx 0.18.1, `cargo pgrx init` for every major, and the client libraries the
+# examples use (SQLAlchemy 2 from PyPI into /opt/snowflake-pylib; npm's pg for examples/node).
 #   PG_MAJORS="15 17 18" scripts/setup.sh      (default: 15)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 majors="${PG_MAJORS:-15}"
 
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-client-15
-    libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg dpkg-dev
+    libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg python3-pip dpkg-dev
     redis-server
 )
 missing=()
@@ -48,4 +49,24 @@ done
 if [ "$needed" = 1 ]; then
     log "Registering PostgreSQL with pgrx: ${args[*]}"
     cargo pgrx init "${args[@]}"
+fi
+
+# SQLAlchemy 2 for examples/python/sqlalchemy_models.py (Debian 12 ships 1.4), beside the
+# system's psycopg: the tests run it with PYTHONPATH=/opt/snowflake-pylib.
+if ! PYTHONPATH="$PYLIB" /usr/bin/python3 -c "import sqlalchemy, sys; sys.exit(sqlalchemy.__version__ != '$SQLALCHEMY_VERSION')" 2>/dev/null; then
+    log "Installing SQLAlchemy $SQLALCHEMY_VERSION into $PYLIB"
+    rm -rf "$PYLIB"
+    /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
+        --target "$PYLIB" "SQLAlchemy==$SQLALCHEMY_VERSION"
+fi
+
+# npm's pg driver for examples/node, as its package-lock.json pins it. The machine's Node.js
+# comes with npm; without one, Debian's packages.
+if ! command -v npm >/dev/null; then
+    log "Installing Debian packages: nodejs npm"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+if [ ! -d "$REPO_ROOT/examples/node/node_modules/pg" ]; then
+    log "Installing examples/node's dependencies (npm ci)"
+    (cd "$REPO_ROOT/examples/node" && npm ci --no-audit --no-fund --loglevel=error)
 fi

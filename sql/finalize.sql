@@ -18,10 +18,22 @@ COMMENT ON FUNCTION @extschema@.snowflake_next_batch(integer) IS
     'n strictly increasing snowflake IDs, reserved in one call';
 COMMENT ON FUNCTION @extschema@.snowflake_next_block(integer) IS
     'First of n contiguous snowflake IDs (one millisecond, consecutive sequence numbers), reserved';
-COMMENT ON FUNCTION @extschema@.snowflake_decode(bigint, text) IS
-    'Decodes an ID of another generator: twitter, discord, instagram, sonyflake or pgedge';
 COMMENT ON FUNCTION @extschema@.snowflake_format(bigint) IS
     'The decoded snowflake ID as jsonb, with the ID as a string for JavaScript clients';
+COMMENT ON FUNCTION @extschema@.snowflake_safe_upto() IS
+    'Commit-order watermark: no transaction in flight on this server holds an ID below it';
+COMMENT ON FUNCTION @extschema@.snowflake_serial(text, bigint) IS
+    'Business serial: prefix, UTC time YYYYMMDDHHMISSmmm, datacenter, worker and sequence digits';
+COMMENT ON FUNCTION @extschema@.snowflake_serial_id(text) IS
+    'The snowflake ID of a serial made by snowflake_serial()';
+COMMENT ON FUNCTION @extschema@.snowflake_to_base32(bigint) IS
+    'The ID as 13 characters of Crockford base32 that sort like the IDs';
+COMMENT ON FUNCTION @extschema@.snowflake_from_base32(text) IS
+    'The ID of 13 characters of Crockford base32 (either case; I and L read as 1, O as 0)';
+COMMENT ON FUNCTION @extschema@.snowflake_melt(bigint) IS
+    'The ID as 8 big-endian bytes and 64 bits, with its decoded fields';
+COMMENT ON FUNCTION @extschema@.snowflake_decode(bigint, text) IS
+    'Decodes an ID of another generator: twitter, discord, instagram, sonyflake, pgedge or mastodon';
 
 -- Moves a serial, identity or sequence-default column to DEFAULT snowflake_next().
 -- search_path is pinned, and every object is schema-qualified, so that objects a user

@@ -1,5 +1,5 @@
--- snowflake 0.2.0 -> 0.3.0: table snowflake_origin (survives pg_upgrade and pg_dump), and the
--- worker-id claim in snowflake_stats().
+-- snowflake 0.2.0 -> 0.3.0: table snowflake_origin (survives pg_upgrade and pg_dump), the
+-- worker-id claim in snowflake_stats(), the commit-order watermark, serials, base32 and melt.
 -- Pin its checksum in sql/released.sha256 when 0.3.0 is released; never edit it after that.
 \echo Use "ALTER EXTENSION snowflake UPDATE TO '0.3.0'" to load this file. \quit
 
@@ -162,3 +162,55 @@ BEGIN
     EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT @extschema@.snowflake_next()', tbl, col);
 END
 $convert$;
+
+-- IDs for the programs and people that read them: the commit-order watermark, business
+-- serials, sortable base32 text and snowflake_melt() (definitions as pgrx generates them).
+CREATE TYPE @extschema@.snowflake_melted AS (
+    bytes         bytea,        -- the 8 bytes, big-endian (network order)
+    bits          text,         -- the 64 bits, most significant first
+    ts            timestamptz,  -- generation time, millisecond precision
+    unix_ms       bigint,       -- the same time in Unix milliseconds
+    datacenter_id integer,      -- bits 17-21
+    worker_id     integer,      -- bits 12-16
+    sequence      integer       -- bits 0-11
+);
+COMMENT ON TYPE @extschema@.snowflake_melted IS 'A snowflake ID as bytes and bits with its fields, as returned by snowflake_melt()';
+
+CREATE FUNCTION @extschema@.snowflake_safe_upto() RETURNS bigint
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_safe_upto_wrapper';
+CREATE FUNCTION @extschema@.snowflake_serial("prefix" TEXT, "id" bigint) RETURNS TEXT
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_serial_wrapper';
+CREATE FUNCTION @extschema@.snowflake_serial_id("serial" TEXT) RETURNS bigint
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_serial_id_wrapper';
+CREATE FUNCTION @extschema@.snowflake_to_base32("id" bigint) RETURNS TEXT
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_to_base32_wrapper';
+CREATE FUNCTION @extschema@.snowflake_from_base32("text" TEXT) RETURNS bigint
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_from_base32_wrapper';
+CREATE FUNCTION @extschema@.snowflake_melt("id" bigint) RETURNS @extschema@.snowflake_melted
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_melt_wrapper';
+COMMENT ON FUNCTION @extschema@.snowflake_safe_upto() IS
+    'Commit-order watermark: no transaction in flight on this server holds an ID below it';
+COMMENT ON FUNCTION @extschema@.snowflake_serial(text, bigint) IS
+    'Business serial: prefix, UTC time YYYYMMDDHHMISSmmm, datacenter, worker and sequence digits';
+COMMENT ON FUNCTION @extschema@.snowflake_serial_id(text) IS
+    'The snowflake ID of a serial made by snowflake_serial()';
+COMMENT ON FUNCTION @extschema@.snowflake_to_base32(bigint) IS
+    'The ID as 13 characters of Crockford base32 that sort like the IDs';
+COMMENT ON FUNCTION @extschema@.snowflake_from_base32(text) IS
+    'The ID of 13 characters of Crockford base32 (either case; I and L read as 1, O as 0)';
+COMMENT ON FUNCTION @extschema@.snowflake_melt(bigint) IS
+    'The ID as 8 big-endian bytes and 64 bits, with its decoded fields';
+COMMENT ON FUNCTION @extschema@.snowflake_decode(bigint, text) IS
+    'Decodes an ID of another generator: twitter, discord, instagram, sonyflake, pgedge or mastodon';

@@ -352,6 +352,13 @@ impl Holder {
             shared.generator.raise_floor(floor_ts);
             self.floor_unix_ms = floor;
         }
+        if shared.node != node {
+            // IDs under the new pair start in a later millisecond than any issued under the
+            // old one: they stay above every earlier ID (and above any watermark a reader
+            // has been given), whichever worker id is larger.
+            let next_ms = shared.generator.position().plus(1);
+            shared.generator.raise_floor(next_ms);
+        }
         shared.node = node;
         shared.fence = fence;
         drop(shared);

@@ -297,4 +297,37 @@ mod tests {
         assert_eq!(json.0["datacenter_id"], 1);
         assert_eq!(json.0["sequence"], 7);
     }
+
+    #[pg_test]
+    fn text_forms_round_trip_generated_ids() {
+        let ok = Spi::get_one::<bool>(
+            "SELECT bool_and(snowflake_serial_id(snowflake_serial('INV-', id)) = id
+                         AND snowflake_from_base32(lower(snowflake_to_base32(id))) = id
+                         AND (snowflake_melt(id)).bytes = int8send(id)
+                         AND (snowflake_melt(id)).worker_id = 7)
+               FROM (SELECT snowflake_next() AS id FROM generate_series(1, 5000)) s",
+        )
+        .unwrap();
+        assert_eq!(ok, Some(true));
+    }
+
+    #[pg_test]
+    #[should_panic(expected = "invalid snowflake serial: too short")]
+    fn short_serials_are_rejected() {
+        Spi::run("SELECT snowflake_serial_id('INV-42')").unwrap();
+    }
+
+    #[pg_test]
+    fn the_watermark_holds_this_transactions_ids() {
+        // The test runs in one transaction: its own IDs are in flight.
+        let first = Spi::get_one::<i64>("SELECT snowflake_next()")
+            .unwrap()
+            .unwrap();
+        let more = ids(100);
+        let upto = Spi::get_one::<i64>("SELECT snowflake_safe_upto()")
+            .unwrap()
+            .unwrap();
+        assert!(upto <= first, "watermark {upto} above held ID {first}");
+        assert!(more.iter().all(|&id| id > first));
+    }
 }

@@ -184,12 +184,9 @@ impl Generator {
     /// or above it. A later ID below the floor is waited for, as after a restart.
     pub fn raise_floor(&mut self, floor: EpochMs) {
         let floor = floor.0;
-        let next_free = if self.started {
-            self.last_timestamp + 1
-        } else {
-            self.last_timestamp
-        };
-        if floor > next_free {
+        // Started or not, the next ID may have `last_timestamp` (a higher sequence, or the
+        // floor itself): any floor above it moves the generator.
+        if floor > self.last_timestamp {
             self.started = false;
             self.resumed = Resumed::Restart;
             self.last_timestamp = floor;
@@ -412,6 +409,15 @@ mod tests {
         g.raise_floor(EpochMs(5_000));
         g.raise_floor(EpochMs(10));
         assert_eq!(issue(&mut g, 5_000, STRICT), (5_000, 2));
+        // The next millisecond as floor: no more IDs in this one, even at the same clock.
+        g.raise_floor(EpochMs(5_001));
+        assert_eq!(
+            g.next(EpochMs(5_000), STRICT),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(5_001)
+            })
+        );
+        assert_eq!(issue(&mut g, 5_001, STRICT), (5_001, 0));
         // A floor the clock has passed: IDs follow the clock.
         g.raise_floor(EpochMs(6_000));
         assert_eq!(issue(&mut g, 7_000, STRICT), (7_000, 0));

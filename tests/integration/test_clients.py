@@ -1,6 +1,7 @@
 """Real clients and real dumps: the examples under examples/ run against a cluster, and a
 database with converted tables survives pg_dump and pg_restore into another cluster."""
 
+import json
 import os
 import subprocess
 import unittest
@@ -38,6 +39,42 @@ class Examples(unittest.TestCase):
                              env=self.env(), check=True, capture_output=True, text=True).stdout
         self.assertEqual(out.count("from worker 9"), 3, out)
         self.check_orders()
+
+    def test_python_sqlalchemy(self):
+        """SQLAlchemy 2: a server_default key read back by RETURNING, and master/detail
+        with IDs pre-assigned by snowflake_next_batch (scripts/setup.sh installs it)."""
+        env = {**self.env(), "PYTHONPATH": os.environ.get("PYLIB", "/opt/snowflake-pylib")}
+        out = subprocess.run(["/usr/bin/python3", os.path.join(REPO, "examples/python/sqlalchemy_models.py")],
+                             env=env, check=True, capture_output=True, text=True).stdout
+        lines = out.splitlines()
+        self.assertEqual(len(lines), 2, out)
+        for line in lines:
+            order_id = int(line.split()[2].rstrip(","))
+            line_ids = [int(x) for x in line.split("[")[1].rstrip("]").split(", ")]
+            self.assertTrue(all(i > order_id for i in line_ids), line)
+            self.assertEqual(self.pg.one("SELECT (snowflake_decode(%s)).worker_id", (order_id,)), 9)
+        bad = self.pg.one("""SELECT count(*) FROM sa_order_lines l JOIN sa_orders o ON o.id = l.order_id
+                              WHERE l.id <= o.id""")
+        self.assertEqual(bad, 0)
+        self.assertEqual(self.pg.one("SELECT count(*) FROM sa_order_lines"), 5)
+
+    def test_node_pg(self):
+        """Node.js with npm's pg: the ID as a string (exact), as BigInt, never as Number,
+        and in JSON through snowflake_format (scripts/setup.sh runs npm ci)."""
+        out = subprocess.run(["node", os.path.join(REPO, "examples/node/index.js")],
+                             env=self.env(), check=True, capture_output=True, text=True).stdout
+        got = json.loads(out)
+        stored = self.pg.one("SELECT max(id)::text FROM notes")
+        self.assertEqual(got["id"], stored)
+        self.assertEqual(got["typeofDefault"], "string")
+        self.assertEqual(got["bigint"], stored)
+        self.assertEqual((got["typeofParsed"], got["parsedEqual"]), ("bigint", True))
+        self.assertLess(got["distinctAsNumber"], 10)  # ten IDs, fewer Numbers
+        self.assertEqual(got["body"], "hello from Node")
+        self.assertEqual(got["formatted"]["id"], stored)
+        self.assertEqual(got["formatted"]["worker_id"], 9)
+        self.assertEqual(got["sequence"], got["formatted"]["sequence"])
+        self.assertEqual(got["unixMs"], got["formatted"]["unix_ms"])
 
     def test_rust_tokio_postgres(self):
         manifest = os.path.join(REPO, "examples/rust/Cargo.toml")
