@@ -15,7 +15,7 @@
 //!   after it is above the bound.
 
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
@@ -28,8 +28,9 @@ use crate::wal;
 use snowflake_core::generator::Generator;
 use snowflake_core::watermark::{self as holds, PreparedHold, PreparedHolds};
 
-/// The backends' slots (0: no hold), `SLOT_COUNT` of them, set up by the startup hook.
-static mut SLOTS: *const AtomicI64 = ptr::null();
+/// The backends' slots, `SLOT_COUNT` of them, set up by the startup hook. A slot holds its
+/// bound plus one, so that 0 means no hold even for a bound of 0 (a fresh cluster's).
+static mut SLOTS: *const AtomicU64 = ptr::null();
 static mut SLOT_COUNT: usize = 0;
 static mut PREV_SHMEM_REQUEST: Option<unsafe extern "C-unwind" fn()> = None;
 static mut PREV_SHMEM_STARTUP: Option<unsafe extern "C-unwind" fn()> = None;
@@ -79,7 +80,7 @@ unsafe extern "C-unwind" fn shmem_request() {
         if let Some(prev) = PREV_SHMEM_REQUEST {
             prev();
         }
-        pg_sys::RequestAddinShmemSpace(slot_count() * size_of::<AtomicI64>());
+        pg_sys::RequestAddinShmemSpace(slot_count() * size_of::<AtomicU64>());
     }
 }
 
@@ -97,20 +98,20 @@ unsafe extern "C-unwind" fn shmem_startup() {
         let mut found = false;
         let memory = pg_sys::ShmemInitStruct(
             c"snowflake_watermark".as_ptr(),
-            count * size_of::<AtomicI64>(),
+            count * size_of::<AtomicU64>(),
             &mut found,
         );
         if !found {
-            ptr::write_bytes(memory.cast::<u8>(), 0, count * size_of::<AtomicI64>());
+            ptr::write_bytes(memory.cast::<u8>(), 0, count * size_of::<AtomicU64>());
         }
-        SLOTS = memory.cast::<AtomicI64>();
+        SLOTS = memory.cast::<AtomicU64>();
         SLOT_COUNT = count;
         pg_sys::LWLockRelease(init_lock);
     }
 }
 
 /// The slots.
-fn slots() -> &'static [AtomicI64] {
+fn slots() -> &'static [AtomicU64] {
     // SAFETY: set once by the startup hook (inherited at fork), never freed; empty if unset.
     unsafe {
         if SLOTS.is_null() {
@@ -122,7 +123,7 @@ fn slots() -> &'static [AtomicI64] {
 }
 
 /// This transaction's slot: the backend's own, or its parallel leader's.
-fn own_slot() -> Option<&'static AtomicI64> {
+fn own_slot() -> Option<&'static AtomicU64> {
     // SAFETY: MyProc and ProcGlobal are set for every backend that runs SQL; a parallel
     // worker's lockGroupLeader is its leader, which outlives it.
     let index = unsafe {
@@ -141,6 +142,16 @@ fn own_slot() -> Option<&'static AtomicI64> {
     usize::try_from(index).ok().and_then(|i| slots().get(i))
 }
 
+/// A slot's value for a bound (IDs and bounds are never negative).
+fn encode(bound: i64) -> u64 {
+    bound.max(0) as u64 + 1
+}
+
+/// The bound a slot holds, if any.
+fn decode(slot: u64) -> Option<i64> {
+    slot.checked_sub(1).map(|b| b as i64)
+}
+
 /// Called under the generator's lock before an issuing attempt: the first time in a
 /// transaction, stores a lower bound of every ID it is about to be given. One flag test
 /// otherwise.
@@ -154,7 +165,7 @@ pub(crate) fn hold(generator: &Generator, node: shmem::Node) {
 
 #[cold]
 fn hold_first(generator: &Generator, node: shmem::Node) {
-    let bound = generator.next_id_floor(node.datacenter_id, node.worker_id);
+    let bound = encode(generator.next_id_floor(node.datacenter_id, node.worker_id));
     let Some(slot) = own_slot() else {
         errors::SnowflakeError::internal("snowflake: this process has no watermark slot".into())
             .raise("snowflake_next");
@@ -185,10 +196,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     let parallel_worker = unsafe { pg_sys::ParallelWorkerNumber >= 0 };
     match event {
         XACT_EVENT_PRE_PREPARE => {
-            if let Some(bound) = own_slot()
-                .map(|s| s.load(Ordering::Acquire))
-                .filter(|&b| b != 0)
-            {
+            if let Some(bound) = own_slot().and_then(|s| decode(s.load(Ordering::Acquire))) {
                 keep_prepared(bound);
             }
         }
@@ -283,8 +291,7 @@ pub(crate) fn safe_upto(function: &'static str) -> i64 {
     };
     let held = slots()
         .iter()
-        .map(|s| s.load(Ordering::Acquire))
-        .filter(|&v| v != 0)
+        .filter_map(|s| decode(s.load(Ordering::Acquire)))
         .min();
     let prepared = prepared_min().unwrap_or_else(|e| e.raise(function));
     [Some(bound), held, prepared]

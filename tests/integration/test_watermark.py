@@ -182,7 +182,8 @@ class Watermark(unittest.TestCase):
         self.pg.sql("CREATE ROLE wm_reader LOGIN")
         with psycopg.connect(host=self.pg.dir, port=self.pg.port, user="wm_reader",
                              dbname="postgres", autocommit=True) as conn:
-            self.assertGreater(conn.execute("SELECT snowflake_safe_upto()").fetchone()[0], 0)
+            issued = conn.execute("SELECT snowflake_next()").fetchone()[0]
+            self.assertGreater(conn.execute("SELECT snowflake_safe_upto()").fetchone()[0], issued)
 
 
 class SequenceStart(unittest.TestCase):
