@@ -178,7 +178,11 @@ mod tests {
         assert_eq!(
             rows.as_deref(),
             Some(
-                "snowflake_decode:istrue snowflake_format:istrue snowflake_from_timestamp:istrue snowflake_next:vstrue snowflake_next_batch:vstrue snowflake_next_block:vstrue snowflake_stats:vstrue snowflake_to_timestamp:istrue"
+                "snowflake_decode:istrue snowflake_format:istrue snowflake_from_base32:istrue \
+                 snowflake_from_timestamp:istrue snowflake_melt:istrue snowflake_next:vstrue \
+                 snowflake_next_batch:vstrue snowflake_next_block:vstrue snowflake_safe_upto:vrtrue \
+                 snowflake_serial:istrue snowflake_serial_id:istrue snowflake_stats:vstrue \
+                 snowflake_to_base32:istrue snowflake_to_timestamp:istrue"
             )
         );
     }

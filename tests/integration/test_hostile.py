@@ -147,6 +147,31 @@ class FunctionArguments(HostileCase):
         ("SELECT * FROM snowflake_worker_collisions('pg_class', 'oid', NULL)", "empty"),
         ("SELECT count(*) FROM snowflake_stats()", None),
         ("SELECT count(*) FROM snowflake_stats", None),
+        ("SELECT snowflake_decode(9223372036854775807, 'mastodon')", None),
+        ("SELECT snowflake_safe_upto()", None),
+        ("SELECT snowflake_serial(NULL, 1)", "null"),
+        ("SELECT snowflake_serial('x', NULL)", "null"),
+        ("SELECT snowflake_serial(repeat('é', 100000), 1)", None),
+        ("SELECT snowflake_serial('', -9223372036854775808)", "22003"),
+        ("SELECT snowflake_serial('', 9223372036854775807)", None),
+        ("SELECT snowflake_serial_id(NULL)", "null"),
+        ("SELECT snowflake_serial_id('')", "22P02"),
+        ("SELECT snowflake_serial_id(repeat('9', 25))", "22008"),
+        ("SELECT snowflake_serial_id(repeat('0', 25))", "22008"),
+        ("SELECT snowflake_serial_id('2080071017303020831314095')", None),  # the largest ID
+        ("SELECT snowflake_serial_id('2080071017303020900000000')", "22008"),  # 1 ms past 41 bits
+        ("SELECT snowflake_serial_id('雪花' || repeat('٣', 25))", "22P02"),
+        ("SELECT snowflake_serial_id(repeat('x', 100000) || '2022062816074010511260000')", None),
+        ("SELECT snowflake_to_base32(NULL)", "null"),
+        ("SELECT snowflake_to_base32(-1)", "22003"),
+        ("SELECT snowflake_from_base32(NULL)", "null"),
+        ("SELECT snowflake_from_base32('')", "22P02"),
+        ("SELECT snowflake_from_base32('ZZZZZZZZZZZZZ')", "22003"),
+        ("SELECT snowflake_from_base32('00000000000é0')", "22P02"),
+        ("SELECT snowflake_from_base32(repeat('0', 100000))", "22P02"),
+        ("SELECT snowflake_melt(NULL)", "null"),
+        ("SELECT snowflake_melt(-9223372036854775808)", "22003"),
+        ("SELECT snowflake_melt(9223372036854775807)", None),
     ]
 
     def run_probes(self, user):
@@ -185,7 +210,7 @@ class SettingsInSessions(HostileCase):
         "snowflake.claim_ttl": "'5s'", "snowflake.max_clock_drift": "'1h'",
         "snowflake.clock_behind_action": "'error'", "snowflake.max_clock_wait": "'1s'",
         "snowflake.lease_window": "'1h'", "snowflake.warning_interval": "'1h'",
-        "snowflake.rmgr_id": "200",
+        "snowflake.rmgr_id": "200", "snowflake.sequence_start": "'random'",
     }
 
     @classmethod
