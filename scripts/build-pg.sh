@@ -34,6 +34,37 @@ apt_private() {
         -o "APT::Sandbox::User=root" "$@"
 }
 
+# Fallback when the suite's index names a version whose files the mirror does not serve
+# (seen on 2026-11-23: trixie listed postgresql-17 17.12 while the mirror answered 404 for
+# it, and still served 17.11): a known version, fetched from the pool by name and checked
+# against SHA-256 sums pinned here. The sums come from the archives' signed indexes when
+# each version was current (17.11's .dsc also checks out against debian-keyring: signed by
+# Christoph Berg). Format: base URL, then "file sha256" for the .dsc and its tarballs.
+pinned_16=("http://archive.ubuntu.com/ubuntu/pool/main/p/postgresql-16"
+    "postgresql-16_16.15-0ubuntu0.24.04.1.dsc b0efc56f3d6530672eef604e4b0fc4637892b563d319e571d70de5e49d254ffd"
+    "postgresql-16_16.15.orig.tar.gz 4f200ca23dfb120ff9838f13ce06014aad1d3c432d16ee9f93ab2000c0eeef7b"
+    "postgresql-16_16.15-0ubuntu0.24.04.1.debian.tar.xz 8a7e856540a2722259d1c43948e8d810fba8ce9bfe161fb686b537adce9be652")
+pinned_17=("$debian_mirror/pool/main/p/postgresql-17"
+    "postgresql-17_17.11-0+deb13u1.dsc bf148ae423a982707c3f60672c3a072ef62b701bd9f5df847d9f4b8c9b3e3b18"
+    "postgresql-17_17.11.orig.tar.bz2 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979"
+    "postgresql-17_17.11-0+deb13u1.debian.tar.xz 82851f4dfeb372c99b94b412e2e3046a8eee7771098e42ac1fa234bef2611cbd")
+pinned_18=("$debian_mirror/pool/main/p/postgresql-18"
+    "postgresql-18_18.6-3.dsc a4254c4548ebeea683832de193460ee8a9f1271418e884803b44ded1aead1776"
+    "postgresql-18_18.6.orig.tar.bz2 555610c24d53e4316da5b7d3fc25c279d96856d5e0e23ee308c328c5fa881d9f"
+    "postgresql-18_18.6-3.debian.tar.xz 5efd00aa59930757931d13e3b2a343b5ac983fdf646a54a3b96caa30cb40512b")
+
+# fetch_pinned: downloads the pinned source of $major into $work and checks every file.
+fetch_pinned() {
+    local -n pinned="pinned_$major"
+    local base="${pinned[0]}" entry file sum
+    for entry in "${pinned[@]:1}"; do
+        file="${entry% *}"
+        sum="${entry#* }"
+        curl -fsS --retry 3 -o "$work/$file" "$base/${file//+/%2b}"
+        echo "$sum  $work/$file" | sha256sum -c --quiet -
+    done
+}
+
 case "$major" in
     16)
         # Ubuntu's archive key, from Debian's (verified) ubuntu-keyring package.
@@ -58,7 +89,15 @@ done
 
 apt_private source "$source_line" update -qq
 # apt-get source verifies the .dsc and the tarballs against the signed index.
-(cd "$work" && apt_private source "$source_line" source --download-only -qq "postgresql-$major")
+if ! (cd "$work" && apt_private source "$source_line" source --download-only -qq "postgresql-$major"); then
+    if ! declare -p "pinned_$major" >/dev/null 2>&1; then
+        echo "build-pg.sh: the source of postgresql-$major cannot be downloaded" >&2
+        exit 1
+    fi
+    log "The mirror does not serve the indexed postgresql-$major; using the pinned version instead"
+    rm -f "$work"/postgresql-"$major"_*
+    fetch_pinned
+fi
 dsc="$(ls "$work"/postgresql-"$major"_*.dsc | sort -V | tail -1)"
 # dpkg-source checks the hashes again; it cannot check the uploader's own signature (that
 # needs debian-keyring) and says so, which is fine: the archive's signature covers the files.
