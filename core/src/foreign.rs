@@ -162,7 +162,23 @@ mod tests {
         );
     }
 
-    /// Instagram Engineering, "Sharding & IDs at Instagram" (2012): the worked example has
+    /// disnake (a discord.py fork), `utils.time_snowflake(dt, high=True)`: `(discord_millis
+    /// << 22) + (2**22 - 1)` with `DISCORD_EPOCH = 1420070400000`, the largest snowflake of a
+    /// millisecond; for 2020-01-01T00:00:00Z it sets every bit below the time.
+    #[test]
+    fn discord_client_library_code() {
+        let millis = 1_577_836_800_000i64 - DISCORD_EPOCH_MS;
+        let p = decode("discord", (millis << 22) + ((1 << 22) - 1));
+        assert_eq!(p.unix_ms, 1_577_836_800_000);
+        assert_eq!(
+            (p.datacenter_id, p.worker_id, p.sequence),
+            (Some(31), Some(31), 4095)
+        );
+    }
+
+    /// Instagram Engineering, "Sharding & IDs at Instagram" (2012), the generator's own
+    /// PL/pgSQL (`result := (now_millis - our_epoch) << 23; result := result | (shard_id <<
+    /// 10); result := result | (seq_id)`, `our_epoch := 1314220021721`): the worked example has
     /// 1387263000 ms since the epoch in the top 41 bits, shard id 1341 in the next 13, and
     /// sequence 5001 % 1024 = 313 in the last 10; their function's epoch is 1314220021721.
     #[test]
