@@ -280,7 +280,7 @@ unsafe fn define_policy_gucs(preloading: bool) {
 /// the built-in default; generation refuses instead (see [`rejected_at_start`]). On a
 /// reload PostgreSQL keeps the last good value and logs the bad one, so only the start
 /// needs this. Indexed by the `*_SLOT` constants.
-const CHECKED_BY_POSTGRES: [&CStr; 8] = [
+const CHECKED_BY_POSTGRES: [&CStr; CHECKED_COUNT] = [
     c"snowflake.claim_ttl",
     c"snowflake.max_clock_drift",
     c"snowflake.clock_behind_action",
@@ -290,6 +290,8 @@ const CHECKED_BY_POSTGRES: [&CStr; 8] = [
     c"snowflake.rmgr_id",
     c"snowflake.sequence_start",
 ];
+/// How many settings [`CHECKED_BY_POSTGRES`] lists (and slots in `REJECTED`).
+const CHECKED_COUNT: usize = 8;
 const CLAIM_TTL_SLOT: usize = 0;
 const MAX_CLOCK_DRIFT_SLOT: usize = 1;
 const CLOCK_BEHIND_ACTION_SLOT: usize = 2;
@@ -302,7 +304,8 @@ const SEQUENCE_START_SLOT: usize = 7;
 thread_local! {
     /// Per slot: the value PostgreSQL rejected at server start, until a later value is
     /// accepted. Set in the postmaster; backends inherit it at fork.
-    static REJECTED: RefCell<[Option<String>; 8]> = const { RefCell::new([const { None }; 8]) };
+    static REJECTED: RefCell<[Option<String>; CHECKED_COUNT]> =
+        const { RefCell::new([const { None }; CHECKED_COUNT]) };
 }
 
 /// The value set for `name` in the configuration before the library defined it (a
@@ -321,7 +324,7 @@ fn placeholder_value(name: &CStr) -> Option<String> {
 
 /// After definition: remembers each configured value that PostgreSQL's own parser rejects
 /// (checked again with `changeVal = false`, which validates without assigning or logging).
-fn note_rejected_at_start(placeholders: &[Option<String>; 8]) {
+fn note_rejected_at_start(placeholders: &[Option<String>; CHECKED_COUNT]) {
     for (slot, value) in placeholders.iter().enumerate() {
         let Some(value) = value else { continue };
         let Ok(c_value) = CString::new(value.as_str()) else {

@@ -62,34 +62,32 @@ pub fn register(_rmgr_id: u8) {}
 /// `wal_writer_delay` even if no commit follows; sessions that need synchronous standbys to
 /// confirm it flush it themselves ([`wait_for_confirmation`]).
 pub fn log_lease(record: &LeaseRecord) -> u64 {
-    let rmgr_id = RMGR_ID.load(Ordering::Relaxed);
-    if rmgr_id == 0 {
+    let Some(lsn) = insert(XLOG_SNOWFLAKE_LEASE, &record.encode()) else {
         return 0;
-    }
-    let bytes = record.encode();
-    // SAFETY: the standard insertion sequence; `bytes` outlives XLogInsert.
-    unsafe {
-        pg_sys::XLogBeginInsert();
-        pg_sys::XLogRegisterData(bytes.as_ptr().cast_mut().cast(), bytes.len() as _);
-        let lsn = pg_sys::XLogInsert(rmgr_id, XLOG_SNOWFLAKE_LEASE);
-        pg_sys::XLogSetAsyncXactLSN(lsn);
-        lsn
-    }
+    };
+    // SAFETY: a plain call after an insertion.
+    unsafe { pg_sys::XLogSetAsyncXactLSN(lsn) };
+    lsn
 }
 
 /// WAL-logs the smallest ID a transaction being prepared holds, so that a standby keeps it
 /// in its own `snowflake.prepared` (the PREPARE record follows and flushes it).
 pub fn log_prepared_hold(hold: &PreparedHold) {
+    insert(XLOG_SNOWFLAKE_PREPARED_HOLD, &hold.encode());
+}
+
+/// Inserts one record of ours with `bytes` as its data; its end LSN, or `None` when this
+/// major has no custom resource managers.
+fn insert(info: u8, bytes: &[u8]) -> Option<u64> {
     let rmgr_id = RMGR_ID.load(Ordering::Relaxed);
     if rmgr_id == 0 {
-        return;
+        return None;
     }
-    let bytes = hold.encode();
     // SAFETY: the standard insertion sequence; `bytes` outlives XLogInsert.
     unsafe {
         pg_sys::XLogBeginInsert();
         pg_sys::XLogRegisterData(bytes.as_ptr().cast_mut().cast(), bytes.len() as _);
-        pg_sys::XLogInsert(rmgr_id, XLOG_SNOWFLAKE_PREPARED_HOLD);
+        Some(pg_sys::XLogInsert(rmgr_id, info))
     }
 }
 

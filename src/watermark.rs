@@ -227,17 +227,22 @@ fn keep_prepared(bound: i64) {
         min_id: bound,
     };
     wal::log_prepared_hold(&hold);
-    let mut state = PREPARED.exclusive();
-    let mut file = load(&mut state).unwrap_or_else(|e| e.raise("PREPARE TRANSACTION"));
-    file.retain_in_flight(in_flight);
-    file.add(hold);
-    store(&mut state, &file).unwrap_or_else(|e| e.raise("PREPARE TRANSACTION"));
+    add_hold(hold, true).unwrap_or_else(|e| e.raise("PREPARE TRANSACTION"));
 }
 
-/// Adds a replayed hold to the file (WAL redo: standby, or crash recovery).
+/// Adds a replayed hold to the file (WAL redo: standby, or crash recovery). Ended
+/// transactions are dropped later, once the server accepts connections.
 pub(crate) fn redo_prepared_hold(hold: PreparedHold) -> errors::Result<()> {
+    add_hold(hold, false)
+}
+
+/// Adds `hold` to the file, first dropping ended transactions if `drop_ended`.
+fn add_hold(hold: PreparedHold, drop_ended: bool) -> errors::Result<()> {
     let mut state = PREPARED.exclusive();
     let mut file = load(&mut state)?;
+    if drop_ended {
+        file.retain_in_flight(in_flight);
+    }
     file.add(hold);
     store(&mut state, &file)
 }
@@ -294,9 +299,5 @@ pub(crate) fn safe_upto(function: &'static str) -> i64 {
         .filter_map(|s| decode(s.load(Ordering::Acquire)))
         .min();
     let prepared = prepared_min().unwrap_or_else(|e| e.raise(function));
-    [Some(bound), held, prepared]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(bound)
+    held.into_iter().chain(prepared).fold(bound, i64::min)
 }

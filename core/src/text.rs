@@ -101,13 +101,11 @@ pub fn from_serial(serial: &str, epoch: Epoch) -> Result<i64, TextError> {
     let start = chars.len() - SERIAL_DIGITS;
     let mut digits = [0u32; SERIAL_DIGITS];
     for (i, c) in chars[start..].iter().enumerate() {
-        digits[i] =
-            c.to_digit(10)
-                .filter(|_| c.is_ascii_digit())
-                .ok_or(TextError::SerialNotDigit {
-                    position: start + i + 1,
-                    found: *c,
-                })?;
+        // `to_digit` knows only ASCII digits: Arabic-Indic and other digits are refused.
+        digits[i] = c.to_digit(10).ok_or(TextError::SerialNotDigit {
+            position: start + i + 1,
+            found: *c,
+        })?;
     }
     let number = |from: usize, len: usize| {
         digits[from..from + len]
