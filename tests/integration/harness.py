@@ -224,6 +224,12 @@ class Cluster:
         rows = self.sql(query, params)
         return rows[0][0] if rows else None
 
+    def stats(self):
+        """The snowflake_stats row as a dict by column name."""
+        with self.connect() as conn:
+            cur = conn.execute("SELECT * FROM snowflake_stats")
+            return dict(zip([c.name for c in cur.description], cur.fetchone()))
+
     def log(self):
         try:
             with open(os.path.join(self.dir, "server.log")) as f:

@@ -74,12 +74,6 @@ def assert_unique_and_increasing(test, pg):
     return total
 
 
-def stats(pg):
-    with pg.connect() as conn:
-        cur = conn.execute("SELECT * FROM snowflake_stats")
-        return dict(zip([c.name for c in cur.description], cur.fetchone()))
-
-
 class LiveClockSteps(unittest.TestCase):
     """The clock steps back while clients insert."""
 
@@ -109,7 +103,7 @@ class LiveClockSteps(unittest.TestCase):
         self.pg.reload(**settings)
 
     def test_steps_of_milliseconds(self):
-        before = stats(self.pg)["clock_steps_back"]
+        before = self.pg.stats()["clock_steps_back"]
         with Load(self.pg) as load:
             load.running()
             # A step of a few ms is seen only if an ID is asked for within those few ms, which
@@ -120,12 +114,12 @@ class LiveClockSteps(unittest.TestCase):
                 offset_ms -= step_ms
                 self.pg.set_clock_offset(f"{offset_ms / 1000:.3f}")
                 time.sleep(0.3)
-                if n >= 3 and stats(self.pg)["clock_steps_back"] > before:
+                if n >= 3 and self.pg.stats()["clock_steps_back"] > before:
                     break
         self.assertEqual(load.errors, [])
         self.assertGreater(min(load.rows), 0)
         assert_unique_and_increasing(self, self.pg)
-        self.assertGreaterEqual(stats(self.pg)["clock_steps_back"] - before, 1)
+        self.assertGreaterEqual(self.pg.stats()["clock_steps_back"] - before, 1)
 
     def test_step_of_seconds_within_the_drift_bound(self):
         # 1.5 s back, inside a 2 s bound: IDs keep counting from the ID clock.
@@ -136,7 +130,7 @@ class LiveClockSteps(unittest.TestCase):
             time.sleep(1.0)
         self.assertEqual(load.errors, [])
         assert_unique_and_increasing(self, self.pg)
-        s = stats(self.pg)
+        s = self.pg.stats()
         self.assertGreaterEqual(s["largest_step_back_ms"], 1400)
         self.assertIn("system clock moved backwards", self.pg.log())
 
@@ -153,14 +147,14 @@ class LiveClockSteps(unittest.TestCase):
 
     def test_step_beyond_the_bound_waits_when_configured(self):
         self.reload(snowflake__clock_behind_action="wait", snowflake__max_clock_wait="5s")
-        before = stats(self.pg)["waits"]
+        before = self.pg.stats()["waits"]
         with Load(self.pg) as load:
             load.running()
             self.pg.set_clock_offset("-2.5")
             time.sleep(3.0)
         self.assertEqual(load.errors, [])
         assert_unique_and_increasing(self, self.pg)
-        self.assertGreater(stats(self.pg)["waits"], before)
+        self.assertGreater(self.pg.stats()["waits"], before)
 
 
 class RestartAfterFaults(unittest.TestCase):
@@ -284,7 +278,7 @@ class StandbyPromotion(unittest.TestCase):
             primary.sql("INSERT INTO t (client, n) SELECT 1, g FROM generate_series(1, 5000) g")
             returned = primary.one("SELECT max(x) FROM (SELECT snowflake_next() x FROM generate_series(1, 5000)) s")
             highest = max(returned, primary.one("SELECT max(id) FROM t"))
-            writes = stats(primary)["lease_writes"]
+            writes = primary.stats()["lease_writes"]
             self.assertGreaterEqual(writes, 1)
 
             lsn = primary.one("SELECT pg_current_wal_flush_lsn()::text")
@@ -371,13 +365,13 @@ class LeaseCost(unittest.TestCase):
         try:
             pg.start()
             pg.sql("CREATE EXTENSION snowflake")
-            before = stats(pg)["lease_writes"]
+            before = pg.stats()["lease_writes"]
             started = time.monotonic()
             span_ms = pg.one("""SELECT max(x) - min(x) FROM (
                                     SELECT (snowflake_decode(snowflake_next())).unix_ms x
                                       FROM generate_series(1, 3000000)) s""")
             elapsed = time.monotonic() - started
-            writes = stats(pg)["lease_writes"] - before
+            writes = pg.stats()["lease_writes"] - before
             # One write per 1 s window of ID time (plus the first one).
             self.assertLessEqual(writes, span_ms // 1000 + 2, f"{writes} writes in {elapsed:.1f} s")
             self.assertGreaterEqual(writes, 1)

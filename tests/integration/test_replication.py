@@ -32,12 +32,6 @@ def settings_for(worker, **extra):
     return s
 
 
-def stats(pg):
-    with pg.connect() as conn:
-        cur = conn.execute("SELECT * FROM snowflake_stats")
-        return dict(zip([c.name for c in cur.description], cur.fetchone()))
-
-
 def start_pair(test, name, worker, sync=False, standby_offset=None, standby_settings=None,
                **settings):
     """A primary with the extension and a streaming standby (pg_basebackup -R), destroyed at
@@ -109,7 +103,7 @@ class SynchronousModes(unittest.TestCase):
     def test_remote_apply_renewals_are_not_cancelled(self):
         # Lease records are not commits: the standby confirms them at flush, never at apply.
         primary, _ = start_pair(self, "apply", 11, sync=True, snowflake__lease_window="'10ms'")
-        before = stats(primary)["lease_writes"]
+        before = primary.stats()["lease_writes"]
         ids = []
         with primary.connect() as conn:
             conn.execute("SET synchronous_commit = remote_apply")
@@ -117,7 +111,7 @@ class SynchronousModes(unittest.TestCase):
                 ids.append(conn.execute("SELECT snowflake_next()").fetchone()[0])
                 time.sleep(0.005)
         self.assertEqual(ids, sorted(set(ids)))
-        self.assertGreater(stats(primary)["lease_writes"] - before, 20)
+        self.assertGreater(primary.stats()["lease_writes"] - before, 20)
 
     def test_a_session_without_sync_cannot_weaken_the_others(self):
         primary, standby = start_pair(self, "weaken", 12, sync=True,
@@ -347,9 +341,9 @@ class BaseBackup(unittest.TestCase):
         th.start()
         try:
             time.sleep(0.5)
-            writes_before = stats(primary)["lease_writes"]
+            writes_before = primary.stats()["lease_writes"]
             standby.init_standby_of(primary)  # the copy runs while leases renew
-            writes_during = stats(primary)["lease_writes"] - writes_before
+            writes_during = primary.stats()["lease_writes"] - writes_before
             standby.start()
             standby.walreceiver_pid()
             time.sleep(1.0)
