@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """A/B of two builds of the library on one cluster: the per-row cost of snowflake_next()
-and snowflake_next_batch(), with nextval() measured in the same round as a yardstick.
+and snowflake_next_batch() in one statement, and the per-transaction cost of a transaction
+that asks for one ID (pgbench, one client), with nextval() measured in the same round as a
+yardstick. The per-transaction figure is the one that includes what a transaction's start
+and end cost the extension (the watermark's hold is taken once per transaction and released
+at its end).
 
 Rounds alternate the builds (A B, B A, ...): each swaps the library file, restarts the
 server, discards one warm-up query, then times each expression once. On a shared, noisy
-machine the paired figure (B's time over A's in adjacent runs) is the one to read.
+machine the paired figure (B's over A's in adjacent runs) is the one to read.
 Run by scripts/bench-ab.sh, which builds both libraries and the cluster."""
 import argparse
 import os
@@ -23,6 +27,13 @@ QUERIES = {
 }
 
 
+# One transaction per pgbench script execution (autocommit), one client.
+TRANSACTIONS = {
+    "nextval(), one per transaction": "SELECT nextval('ab_seq');",
+    "snowflake_next(), one per transaction": "SELECT snowflake_next();",
+}
+
+
 def restart(args):
     subprocess.run(["runuser", "-u", "postgres", "--", f"{args.pg_bin}/pg_ctl", "-D", args.data,
                     "-w", "-l", os.path.join(args.data, "server.log"), "restart"],
@@ -35,6 +46,44 @@ def timed(conn, sql):
     return time.perf_counter() - started
 
 
+def transactions_per_s(args, script):
+    """pgbench with one client for --txn-seconds; returns its tps (without connection time)."""
+    path = os.path.join(args.workdir, "ab-txn.sql")
+    with open(path, "w") as f:
+        f.write(script + "\n")
+    os.chmod(path, 0o644)
+    out = subprocess.run(["runuser", "-u", "postgres", "--", f"{args.pg_bin}/pgbench", "-n",
+                          "-h", args.data, "-p", str(args.port), "-U", "postgres", "-c", "1",
+                          "-T", str(args.txn_seconds), "-f", path, "postgres"],
+                         check=True, capture_output=True, text=True).stdout
+    return next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
+                if line.startswith("tps ="))
+
+
+def summary(args, times_of, tps_of):
+    """The medians as Markdown lines."""
+    lines = [f"{args.rounds} rounds alternating the builds; {args.rows:,} rows per statement, "
+             f"{args.txn_seconds} s of pgbench (1 client) per transaction kind. Medians. "
+             "\"Paired\" is B over A in the same round.", "",
+             "| measure | A | B | A, of nextval() | B, of nextval() | paired B/A |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for q in QUERIES:
+        med = {n: statistics.median(t[q] for t in times_of[n]) * 1000 for n in ("A", "B")}
+        rel = {n: statistics.median(t[q] / t["nextval()"] for t in times_of[n]) for n in ("A", "B")}
+        paired = statistics.median(b[q] / a[q] for a, b in zip(times_of["A"], times_of["B"]))
+        lines.append(f"| `{q}`, time | {med['A']:.0f} ms | {med['B']:.0f} ms | {rel['A']:.2f} | "
+                     f"{rel['B']:.2f} | **{paired:.3f}** |")
+    yardstick = next(iter(TRANSACTIONS))
+    for q in TRANSACTIONS:
+        med = {n: statistics.median(t[q] for t in tps_of[n]) for n in ("A", "B")}
+        rel = {n: statistics.median(t[q] / t[yardstick] for t in tps_of[n]) for n in ("A", "B")}
+        paired = statistics.median(b[q] / a[q] for a, b in zip(tps_of["A"], tps_of["B"]))
+        lines.append(f"| `{q}`, transactions/s | {med['A']:.0f} | {med['B']:.0f} | {rel['A']:.2f} | "
+                     f"{rel['B']:.2f} | **{paired:.3f}** |")
+    lines += ["", "Times: below 1 is B faster. Transactions per second: above 1 is B faster."]
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--pg-bin", required=True)
@@ -45,8 +94,12 @@ def main():
     p.add_argument("--b", required=True, help="library file of build B")
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--txn-seconds", type=int, default=3)
+    p.add_argument("--workdir", required=True, help="a directory the postgres user can read")
+    p.add_argument("--markdown", help="also write the summary table to this file")
     args = p.parse_args()
     times_of = {"A": [], "B": []}  # per round: {query: seconds}
+    tps_of = {"A": [], "B": []}  # per round: {transaction kind: transactions per second}
     for r in range(args.rounds):
         for name in ("A", "B") if r % 2 == 0 else ("B", "A"):
             # A new file renamed into place: the running server keeps its mapping of the old one
@@ -60,18 +113,18 @@ def main():
                 conn.execute("SET max_parallel_workers_per_gather = 0")
                 conn.execute(QUERIES["snowflake_next()"].format(n=args.rows))  # warm-up
                 times = {q: timed(conn, sql.format(n=args.rows)) for q, sql in QUERIES.items()}
+            tps = {q: transactions_per_s(args, script) for q, script in TRANSACTIONS.items()}
             times_of[name].append(times)
+            tps_of[name].append(tps)
             print(f"round {r + 1} {name}: " + ", ".join(
-                f"{q} {t * 1000:.0f} ms" for q, t in times.items()), flush=True)
-    print(f"\n{args.rounds} rounds, {args.rows:,} rows. Medians: time in ms; time relative to "
-          "nextval() in the same round; B's time over A's in the same round (paired; below 1 "
-          "is B faster):")
-    for q in QUERIES:
-        med = {n: statistics.median(t[q] for t in times_of[n]) * 1000 for n in ("A", "B")}
-        rel = {n: statistics.median(t[q] / t["nextval()"] for t in times_of[n]) for n in ("A", "B")}
-        paired = statistics.median(b[q] / a[q] for a, b in zip(times_of["A"], times_of["B"]))
-        print(f"  {q}: A {med['A']:.0f} ms ({rel['A']:.2f} of nextval), "
-              f"B {med['B']:.0f} ms ({rel['B']:.2f} of nextval); B/A {paired:.3f}")
+                [f"{q} {t * 1000:.0f} ms" for q, t in times.items()]
+                + [f"{q} {t:.0f} tps" for q, t in tps.items()]), flush=True)
+    lines = summary(args, times_of, tps_of)
+    print("\n" + "\n".join(lines))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
 
 if __name__ == "__main__":
     main()

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # A/B benchmark of an earlier revision (A) against the working tree (B), on one cluster:
-# the per-call cost of snowflake_next() and snowflake_next_batch() relative to nextval(),
-# rounds alternating the two libraries (bench/ab.py). For "same figures within noise"
-# checks after a refactor.
-#   scripts/bench-ab.sh REV [--rows N] [--rounds N]   (defaults 1,000,000 and 12; PostgreSQL 15
-#                                                     unless PG_MAJOR is set)
+# the per-call cost of snowflake_next() and snowflake_next_batch() and the cost of a
+# transaction asking for one ID, relative to nextval(), rounds alternating the two
+# libraries (bench/ab.py). For "same figures within noise" checks after a refactor, and for
+# the before/after section of scripts/bench.sh --baseline.
+#   scripts/bench-ab.sh REV [--rows N] [--rounds N] [--txn-seconds N] [--markdown FILE]
+#       (defaults 1,000,000 rows, 12 rounds, 3 s; PostgreSQL 15 unless PG_MAJOR is set)
 # Revision A is built from a git worktree with its own target directory (kept in
 # /var/tmp/snowflake-ab-target, so a second run rebuilds only what changed).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-rev="${1:?usage: scripts/bench-ab.sh REV [--rows N] [--rounds N]}"
+rev="${1:?usage: scripts/bench-ab.sh REV [--rows N] [--rounds N] [--txn-seconds N] [--markdown FILE]}"
 shift
 use_run_dir
 DIR="$SNOWFLAKE_RUN_DIR/ab"
@@ -33,11 +34,7 @@ restore() {
 trap restore EXIT
 
 # A: the earlier revision's library only.
-log "Building revision $rev (release) for PostgreSQL ${PG_MAJOR}"
-git -C "$REPO_ROOT" worktree add --detach "$worktree" "$rev" >/dev/null
-(cd "$worktree" && CARGO_TARGET_DIR=/var/tmp/snowflake-ab-target cargo pgrx package \
-    --pg-config "$PG_CONFIG" --no-default-features --features "pg${PG_MAJOR}" >&2)
-cp "/var/tmp/snowflake-ab-target/release/snowflake-pg${PG_MAJOR}$libdir/snowflake.so" "$SNOWFLAKE_RUN_DIR/a.so"
+build_revision_library "$rev" "$worktree" "$SNOWFLAKE_RUN_DIR/a.so"
 
 cluster_fresh "$DIR" "$PORT" \
     "snowflake.worker_id = 1" \
@@ -48,4 +45,5 @@ cluster_psql "$DIR/data" "$PORT" -q -c "CREATE EXTENSION snowflake"
 
 log "A = $rev, B = working tree"
 /usr/bin/python3 "$REPO_ROOT/bench/ab.py" --pg-bin "$PG_BIN" --data "$DIR/data" --port "$PORT" \
-    --installed "$libdir/snowflake.so" --a "$SNOWFLAKE_RUN_DIR/a.so" --b "$SNOWFLAKE_RUN_DIR/b.so" "$@"
+    --installed "$libdir/snowflake.so" --a "$SNOWFLAKE_RUN_DIR/a.so" --b "$SNOWFLAKE_RUN_DIR/b.so" \
+    --workdir "$SNOWFLAKE_RUN_DIR" "$@"

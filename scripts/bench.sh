@@ -2,9 +2,22 @@
 # The benchmark suite (not part of the tests: benchmarks never gate CI on timing).
 # Builds the release library, starts its own cluster, runs bench/bench.py, and writes
 # bench/results.json, bench/results.md and bench/chart.svg.
-#   scripts/bench.sh                 full run (about 10 minutes)
-#   scripts/bench.sh --quick         smaller sizes, for a smoke test
+#   scripts/bench.sh                  full run (about 13 minutes)
+#   scripts/bench.sh --quick          smaller sizes, for a smoke test
+#   scripts/bench.sh --baseline REV   also section 7: this build against revision REV, in the
+#                                     same run (scripts/bench-ab.sh; about 8 more minutes)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+quick=0
+baseline=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=1 ;;
+        --baseline) baseline="${2:?--baseline needs a revision}"; shift ;;
+        *) echo "usage: scripts/bench.sh [--quick] [--baseline REV]" >&2; exit 2 ;;
+    esac
+    shift
+done
 
 use_run_dir
 DIR="$SNOWFLAKE_RUN_DIR/bench"
@@ -22,9 +35,25 @@ cluster_fresh "$DIR" "$PORT" \
 trap 'cluster_stop "$DIR/data"' EXIT
 
 extra=()
-if [ "${1:-}" = "--quick" ]; then
+results="$REPO_ROOT/bench/results.md"
+if [ "$quick" = 1 ]; then
+    results="$DIR/results.md"
     extra=(--rows 1000000 --repeat 3 --clients 1 2 --pgbench-seconds 3 --pgbench-repeat 1
            --storage-rows 200000 --out "$DIR")
 fi
 PG_BIN="$PG_BIN" /usr/bin/python3 "$REPO_ROOT/bench/bench.py" --host "$DIR/data" --port "$PORT" \
     --workdir "$DIR" "${extra[@]}"
+
+[ -n "$baseline" ] || exit 0
+# Section 7: before and after, on a cluster of its own (bench-ab.sh makes and removes its own
+# run directory), with this cluster stopped so that it does not compete.
+cluster_stop "$DIR/data"
+ab_rows=()
+[ "$quick" = 0 ] || ab_rows=(--rows 200000 --rounds 4 --txn-seconds 1)
+SNOWFLAKE_RUN_DIR="" "$REPO_ROOT/scripts/bench-ab.sh" "$baseline" "${ab_rows[@]}" --markdown "$DIR/ab.md"
+{
+    echo
+    echo "## 7. Before and after: revision \`$(git -C "$REPO_ROOT" rev-parse --short "$baseline")\` (A) against this build (B)"
+    echo
+    cat "$DIR/ab.md"
+} >>"$results"

@@ -110,6 +110,18 @@ install_extension() {
     install_released_scripts "$("$PG_CONFIG" --sharedir)/extension"
 }
 
+# build_revision_library REV WORKTREE OUT: builds an earlier revision's library (release)
+# from a git worktree at WORKTREE with its own target directory (kept in
+# /var/tmp/snowflake-ab-target, so a second build compiles only what changed); copies it to OUT.
+build_revision_library() {
+    local rev="$1" worktree="$2" out="$3" target=/var/tmp/snowflake-ab-target
+    log "Building revision $rev (release) for PostgreSQL ${PG_MAJOR}"
+    git -C "$REPO_ROOT" worktree add --detach "$worktree" "$rev" >/dev/null
+    (cd "$worktree" && CARGO_TARGET_DIR="$target" cargo pgrx package \
+        --pg-config "$PG_CONFIG" --no-default-features --features "pg${PG_MAJOR}" >&2)
+    cp "$target/release/snowflake-pg${PG_MAJOR}$("$PG_CONFIG" --pkglibdir)/snowflake.so" "$out"
+}
+
 # Builds the installable package (cargo pgrx package), adds the released install scripts,
 # and writes target/package/snowflake-<version>-pg<major>-<arch>.tar.gz. Prints its path.
 package_extension() {
