@@ -15,10 +15,12 @@ import os
 import shutil
 import statistics
 import subprocess
-import time
 
 import psycopg
 
+from bench import pgbench_tps, timed
+
+# In both tables the first entry, nextval(), is the yardstick of its round.
 QUERIES = {
     "nextval()": "SELECT count(nextval('ab_seq')) FROM generate_series(1, {n})",
     "snowflake_next()": "SELECT count(snowflake_next()) FROM generate_series(1, {n})",
@@ -40,24 +42,22 @@ def restart(args):
                    check=True, capture_output=True)
 
 
-def timed(conn, sql):
-    started = time.perf_counter()
-    conn.execute(sql)
-    return time.perf_counter() - started
-
-
 def transactions_per_s(args, script):
     """pgbench with one client for --txn-seconds; returns its tps (without connection time)."""
     path = os.path.join(args.workdir, "ab-txn.sql")
     with open(path, "w") as f:
         f.write(script + "\n")
     os.chmod(path, 0o644)
-    out = subprocess.run(["runuser", "-u", "postgres", "--", f"{args.pg_bin}/pgbench", "-n",
-                          "-h", args.data, "-p", str(args.port), "-U", "postgres", "-c", "1",
-                          "-T", str(args.txn_seconds), "-f", path, "postgres"],
-                         check=True, capture_output=True, text=True).stdout
-    return next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
-                if line.startswith("tps ="))
+    return pgbench_tps(args.pg_bin, args.data, args.port, path, 1, args.txn_seconds)
+
+
+def compare(per_round, q, yardstick):
+    """For measure `q`: each build's median, each build's median relative to `yardstick` in
+    the same round, and the median of B over A in the same round."""
+    med = {n: statistics.median(t[q] for t in per_round[n]) for n in ("A", "B")}
+    rel = {n: statistics.median(t[q] / t[yardstick] for t in per_round[n]) for n in ("A", "B")}
+    paired = statistics.median(b[q] / a[q] for a, b in zip(per_round["A"], per_round["B"]))
+    return med, rel, paired
 
 
 def summary(args, times_of, tps_of):
@@ -68,18 +68,13 @@ def summary(args, times_of, tps_of):
              "| measure | A | B | A, of nextval() | B, of nextval() | paired B/A |",
              "|---|---:|---:|---:|---:|---:|"]
     for q in QUERIES:
-        med = {n: statistics.median(t[q] for t in times_of[n]) * 1000 for n in ("A", "B")}
-        rel = {n: statistics.median(t[q] / t["nextval()"] for t in times_of[n]) for n in ("A", "B")}
-        paired = statistics.median(b[q] / a[q] for a, b in zip(times_of["A"], times_of["B"]))
-        lines.append(f"| `{q}`, time | {med['A']:.0f} ms | {med['B']:.0f} ms | {rel['A']:.2f} | "
-                     f"{rel['B']:.2f} | **{paired:.3f}** |")
-    yardstick = next(iter(TRANSACTIONS))
+        med, rel, paired = compare(times_of, q, next(iter(QUERIES)))
+        lines.append(f"| `{q}`, time | {med['A'] * 1000:.0f} ms | {med['B'] * 1000:.0f} ms | "
+                     f"{rel['A']:.2f} | {rel['B']:.2f} | **{paired:.3f}** |")
     for q in TRANSACTIONS:
-        med = {n: statistics.median(t[q] for t in tps_of[n]) for n in ("A", "B")}
-        rel = {n: statistics.median(t[q] / t[yardstick] for t in tps_of[n]) for n in ("A", "B")}
-        paired = statistics.median(b[q] / a[q] for a, b in zip(tps_of["A"], tps_of["B"]))
-        lines.append(f"| `{q}`, transactions/s | {med['A']:.0f} | {med['B']:.0f} | {rel['A']:.2f} | "
-                     f"{rel['B']:.2f} | **{paired:.3f}** |")
+        med, rel, paired = compare(tps_of, q, next(iter(TRANSACTIONS)))
+        lines.append(f"| `{q}`, transactions/s | {med['A']:.0f} | {med['B']:.0f} | "
+                     f"{rel['A']:.2f} | {rel['B']:.2f} | **{paired:.3f}** |")
     lines += ["", "Times: below 1 is B faster. Transactions per second: above 1 is B faster."]
     return lines
 

@@ -177,6 +177,17 @@ def key_tables(server_major):
     return keys
 
 
+def pgbench_tps(pg_bin, host, port, script, clients, seconds):
+    """Runs pgbench as the postgres user on `script` (a file it can read) for `seconds`;
+    returns its transactions per second (without connection time)."""
+    cmd = ["runuser", "-u", "postgres", "--", f"{pg_bin}/pgbench", "-n", "-h", host,
+           "-p", str(port), "-U", "postgres", "-c", str(clients),
+           "-j", str(min(clients, 2)), "-T", str(seconds), "-f", script, "postgres"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
+                if line.startswith("tps ="))
+
+
 def pgbench(conn, args, server_major):
     """4. INSERT ... DEFAULT with pgbench at 1, 2, 4 and 8 clients."""
     keys = key_tables(server_major)
@@ -194,12 +205,7 @@ def pgbench(conn, args, server_major):
                 with open(script, "w") as f:
                     f.write(f"INSERT INTO pgb_{i} (v) VALUES (1);\n")
                 os.chmod(script, 0o644)
-                cmd = ["runuser", "-u", "postgres", "--", f"{PG_BIN}/pgbench", "-n", "-h", args.host,
-                       "-p", str(args.port), "-U", "postgres", "-c", str(clients),
-                       "-j", str(min(clients, 2)), "-T", str(args.pgbench_seconds), "-f", script, "postgres"]
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-                tps = next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
-                           if line.startswith("tps ="))
+                tps = pgbench_tps(PG_BIN, args.host, args.port, script, clients, args.pgbench_seconds)
                 results[name].setdefault(clients, []).append(tps)
     return {name: {c: statistics.median(v) for c, v in per.items()} for name, per in results.items()}
 

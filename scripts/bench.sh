@@ -35,14 +35,14 @@ cluster_fresh "$DIR" "$PORT" \
 trap 'cluster_stop "$DIR/data"' EXIT
 
 extra=()
-results="$REPO_ROOT/bench/results.md"
+out="$REPO_ROOT/bench"
 if [ "$quick" = 1 ]; then
-    results="$DIR/results.md"
+    out="$DIR"  # a smoke run does not replace the published results
     extra=(--rows 1000000 --repeat 3 --clients 1 2 --pgbench-seconds 3 --pgbench-repeat 1
-           --storage-rows 200000 --out "$DIR")
+           --storage-rows 200000)
 fi
 PG_BIN="$PG_BIN" /usr/bin/python3 "$REPO_ROOT/bench/bench.py" --host "$DIR/data" --port "$PORT" \
-    --workdir "$DIR" "${extra[@]}"
+    --workdir "$DIR" --out "$out" "${extra[@]}"
 
 [ -n "$baseline" ] || exit 0
 # Section 7: before and after, on a cluster of its own (bench-ab.sh makes and removes its own
@@ -56,4 +56,4 @@ SNOWFLAKE_RUN_DIR="" "$REPO_ROOT/scripts/bench-ab.sh" "$baseline" "${ab_rows[@]}
     echo "## 7. Before and after: revision \`$(git -C "$REPO_ROOT" rev-parse --short "$baseline")\` (A) against this build (B)"
     echo
     cat "$DIR/ab.md"
-} >>"$results"
+} >>"$out/results.md"
