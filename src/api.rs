@@ -1,11 +1,13 @@
 //! The SQL-facing functions: argument checks, then one call into the module that does the
 //! work (`driver` issues, `decode` decodes, `stats` reports). Each is annotated for what it
 //! is: the generating ones VOLATILE, the decoding ones IMMUTABLE STRICT (they depend only on
-//! the ID and the epoch, fixed since server start), all PARALLEL SAFE.
+//! the ID and the epoch, fixed since server start), all PARALLEL SAFE. Text arguments and
+//! results are [`DbText`]: converted from and to the database encoding.
 
 use pgrx::composite_type;
 use pgrx::prelude::*;
 
+use crate::dbtext::DbText;
 use crate::decode;
 use crate::driver;
 use crate::errors;
@@ -101,12 +103,12 @@ fn snowflake_decode(
 #[pg_extern(immutable, strict, parallel_safe, name = "snowflake_decode")]
 fn snowflake_decode_layout(
     id: i64,
-    layout: &str,
+    layout: DbText,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> composite_type!('static, "snowflake_parts") {
     const NAME: &str = "snowflake_decode";
-    let Some(known) = ForeignLayout::from_name(layout) else {
-        errors::unknown_layout(layout, &LAYOUT_NAMES).raise(NAME)
+    let Some(known) = ForeignLayout::from_name(layout.as_str()) else {
+        errors::unknown_layout(layout.as_str(), &LAYOUT_NAMES).raise(NAME)
     };
     let parts = known
         .decode(id)
@@ -141,19 +143,21 @@ fn snowflake_melt(
 /// `YYYYMMDDHHMISSmmm`, then datacenter (2 digits), worker (2) and sequence (4). Serials of
 /// one prefix sort like their IDs. IMMUTABLE: it depends on the ID and the recorded epoch.
 #[pg_extern(immutable, strict, parallel_safe)]
-fn snowflake_serial(prefix: &str, id: i64) -> String {
+fn snowflake_serial(prefix: DbText, id: i64) -> DbText {
     const NAME: &str = "snowflake_serial";
     let epoch = decode::epoch().unwrap_or_else(|e| e.raise(NAME));
-    text::to_serial(prefix, id, epoch).unwrap_or_else(|e| errors::text(e).raise(NAME))
+    let serial =
+        text::to_serial(prefix.as_str(), id, epoch).unwrap_or_else(|e| errors::text(e).raise(NAME));
+    DbText(serial)
 }
 
 /// The ID of a serial made by `snowflake_serial()`, whatever its prefix (the last 25
 /// characters are the digits).
 #[pg_extern(immutable, strict, parallel_safe)]
-fn snowflake_serial_id(serial: &str) -> i64 {
+fn snowflake_serial_id(serial: DbText) -> i64 {
     const NAME: &str = "snowflake_serial_id";
     let epoch = decode::epoch().unwrap_or_else(|e| e.raise(NAME));
-    text::from_serial(serial, epoch).unwrap_or_else(|e| errors::text(e).raise(NAME))
+    text::from_serial(serial.as_str(), epoch).unwrap_or_else(|e| errors::text(e).raise(NAME))
 }
 
 /// The ID as 13 characters of Crockford base32, upper case and zero-padded, so that text
@@ -165,8 +169,9 @@ fn snowflake_to_base32(id: i64) -> String {
 
 /// The ID of 13 characters of Crockford base32, in either case (I and L read as 1, O as 0).
 #[pg_extern(immutable, strict, parallel_safe)]
-fn snowflake_from_base32(text: &str) -> i64 {
-    text::from_base32(text).unwrap_or_else(|e| errors::text(e).raise("snowflake_from_base32"))
+fn snowflake_from_base32(text: DbText) -> i64 {
+    text::from_base32(text.as_str())
+        .unwrap_or_else(|e| errors::text(e).raise("snowflake_from_base32"))
 }
 
 /// The decoded parts as JSON, with the ID as a string (JavaScript numbers lose precision

@@ -7,6 +7,8 @@ use std::io;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+use crate::dbtext::for_message;
+
 use snowflake_core::durable::{self, LayoutRecord};
 use snowflake_core::generator::{Events, GenerateError};
 use snowflake_core::layout::{Epoch, LayoutError};
@@ -47,33 +49,32 @@ impl SnowflakeError {
         )
     }
 
+    /// The report, its texts made safe for the database encoding (`dbtext::for_message`).
+    fn report(self, function: &'static str) -> ErrorReport {
+        let mut report = ErrorReport::new(self.code, for_message(self.message), function);
+        if !self.detail.is_empty() {
+            report = report.set_detail(for_message(self.detail));
+        }
+        if !self.hint.is_empty() {
+            report = report.set_hint(for_message(self.hint));
+        }
+        report
+    }
+
     /// Logs the error as a WARNING (used at server start).
     pub fn warn(self) {
-        ErrorReport::new(self.code, self.message, "_PG_init")
-            .set_detail(self.detail)
-            .set_hint(self.hint)
-            .report(PgLogLevel::WARNING);
+        self.report("_PG_init").report(PgLogLevel::WARNING);
     }
 
     /// Writes the report to the server log only (LOG level), for events a DBA should find
     /// there but that are not an error for the caller.
     pub fn log(self) {
-        let mut report = ErrorReport::new(self.code, self.message, "snowflake");
-        if !self.detail.is_empty() {
-            report = report.set_detail(self.detail);
-        }
-        if !self.hint.is_empty() {
-            report = report.set_hint(self.hint);
-        }
-        report.report(PgLogLevel::LOG);
+        self.report("snowflake").report(PgLogLevel::LOG);
     }
 
     /// Raises the error (`ereport(ERROR)`); never returns.
     pub fn raise(self, function: &'static str) -> ! {
-        ErrorReport::new(self.code, self.message, function)
-            .set_detail(self.detail)
-            .set_hint(self.hint)
-            .report(PgLogLevel::ERROR);
+        self.report(function).report(PgLogLevel::ERROR);
         unreachable!("ereport(ERROR) returned")
     }
 }
@@ -485,18 +486,51 @@ pub fn prepared_file(err: &io::Error, writing: bool) -> SnowflakeError {
     )
 }
 
-/// The LOG line written when this server takes over IDs another cluster issued.
-pub fn adopted_origin(system_identifier: u64, floor_unix_ms: i64, reach_ms: i64) -> SnowflakeError {
+/// The LOG line written when this server takes over IDs other clusters issued: `count`
+/// clusters, the first of them (smallest identifier) named.
+pub fn adopted_origins(
+    first_system_identifier: u64,
+    count: usize,
+    floor_unix_ms: i64,
+    reach_ms: i64,
+) -> SnowflakeError {
+    let clusters = if count == 1 {
+        format!("the cluster with system identifier {first_system_identifier}")
+    } else {
+        format!("{count} other clusters (system identifiers {first_system_identifier} and more)")
+    };
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
         format!(
-            "snowflake: this database's IDs were issued by the cluster with system identifier {system_identifier}; IDs resume at {}",
+            "snowflake: this database's IDs were issued by {clusters}; IDs resume at {}",
             ms(floor_unix_ms)
         ),
         format!(
             "Table snowflake_origin names another cluster (pg_upgrade, or a dump restored here), whose lease this server cannot see. The resume point is {reach_ms} ms past this server's clock: the furthest that cluster could have issued IDs ahead of its clock with this server's snowflake.max_clock_drift and snowflake.lease_window."
         ),
         "snowflake_next() waits for it, once; the file snowflake.origins in the data directory records that it was done.",
+    )
+}
+
+/// `snowflake_widen_foreign_key_column()` was asked for a column that is not a smallint or
+/// integer column of a foreign key between the two tables.
+pub fn not_a_referencing_column(column: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("column \"{column}\" is not a smallint or integer column of a foreign key to the referenced table"),
+        "snowflake_widen_foreign_key_column() widens only a referencing column that snowflake_convert_column() must widen.",
+        "Call snowflake_convert_column() on the referenced table instead.",
+    )
+}
+
+/// `snowflake_widen_foreign_key_column()` called by a role that does not own the referenced
+/// table.
+pub fn not_owner_of_referenced(referencing: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        format!("permission denied to widen a column of relation {referencing}"),
+        "Only the owner of the referenced table may widen the columns that reference it, as part of converting it.",
+        "Call snowflake_convert_column() as the owner of the referenced table.",
     )
 }
 
@@ -744,6 +778,15 @@ pub fn text(err: TextError) -> SnowflakeError {
             "snowflake ID is out of range for a serial",
             format!("The ID's time {} is after year 9999; a serial has a 4-digit year.", ms(unix_ms)),
             "Use snowflake_to_base32() or the ID itself for IDs this far in the future.",
+        ),
+        TextError::SerialTooLong { prefix_bytes } => SnowflakeError::new(
+            ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            "snowflake serial would be too long",
+            format!(
+                "The prefix has {prefix_bytes} bytes; with the {SERIAL_DIGITS} digits, a serial must fit in {} bytes, the most a text value holds.",
+                snowflake_core::text::MAX_TEXT_BYTES
+            ),
+            "Use a shorter prefix.",
         ),
         TextError::SerialTooShort { len } => SnowflakeError::new(
             ERRCODE_INVALID_TEXT_REPRESENTATION,

@@ -25,7 +25,8 @@ use crate::shmem::{self, Node};
 use snowflake_core::claim::{self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted};
 use snowflake_core::durable::{self, LastClaim};
 use snowflake_core::layout::{UnixMs, MAX_WORKER_ID};
-use snowflake_core::settings::{redacted, Config, WorkerId};
+use snowflake_core::secrets::redacted;
+use snowflake_core::settings::{Config, WorkerId};
 
 /// This postmaster's claim token: random, made once at preload, inherited by every process
 /// it forks. A crash restart keeps it (the postmaster lives on), so the restarted worker

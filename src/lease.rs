@@ -21,7 +21,8 @@ use snowflake_core::durable::{
 };
 use snowflake_core::generator::{Generator, Resumed};
 use snowflake_core::layout::{Epoch, EpochMs, UnixMs};
-use snowflake_core::settings::{check_epoch_at, redacted, Config, WorkerId};
+use snowflake_core::secrets::redacted;
+use snowflake_core::settings::{check_epoch_at, Config, WorkerId};
 
 thread_local! {
     /// The configuration once generation succeeded in this backend: preloaded, settings
@@ -276,7 +277,7 @@ fn adopt_origins(config: &Config) -> errors::Result<()> {
     let rows = origin::rows()?;
     origin::epoch_agrees(&rows, config.epoch)?;
     let own = origin::own_system_identifier();
-    let mut foreign: Vec<u64> = rows
+    let foreign: Vec<u64> = rows
         .iter()
         .map(|r| r.system_identifier)
         .filter(|s| *s != own)
@@ -284,17 +285,14 @@ fn adopt_origins(config: &Config) -> errors::Result<()> {
     if foreign.is_empty() {
         return Ok(());
     }
-    foreign.sort_unstable();
-    foreign.dedup();
     let dir = server::data_dir();
     let (floor, lsn) = {
         let mut durable_state = shmem::DURABLE.exclusive();
-        let mut origins =
-            durable::read_origins(&dir).map_err(|e| errors::origins_file(&e, false))?;
-        foreign.retain(|s| !origins.covers(*s));
-        if foreign.is_empty() {
+        let origins = durable::read_origins(&dir).map_err(|e| errors::origins_file(&e, false))?;
+        let new = origins.not_covered(foreign);
+        let Some(&first) = new.first() else {
             return Ok(());
-        }
+        };
         let now = server::now_unix_ms();
         let reach = configured_reach_cap_ms();
         let floor_unix_ms = durable::adoption_floor_ms(now, reach);
@@ -302,14 +300,13 @@ fn adopt_origins(config: &Config) -> errors::Result<()> {
         if durable_state.lease_end < floor {
             write_lease(&mut durable_state, config, floor, now)?;
         }
-        for system_identifier in foreign {
-            origins = origins.with(AdoptedOrigin {
-                system_identifier,
-                adopted_unix_ms: now,
-                floor_unix_ms,
-            });
-            errors::adopted_origin(system_identifier, floor_unix_ms, reach).log();
-        }
+        // One resume point covers every cluster taken over now: one LOG line, one write.
+        errors::adopted_origins(first, new.len(), floor_unix_ms, reach).log();
+        let origins = origins.with_all(new.into_iter().map(|system_identifier| AdoptedOrigin {
+            system_identifier,
+            adopted_unix_ms: now,
+            floor_unix_ms,
+        }));
         durable::write_origins(&dir, &origins).map_err(|e| errors::origins_file(&e, true))?;
         (floor, durable_state.lease_lsn)
     };

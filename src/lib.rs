@@ -12,6 +12,8 @@ use pgrx::prelude::*;
 use snowflake_core::settings;
 
 mod api;
+mod convert;
+mod dbtext;
 mod decode;
 mod driver;
 mod errors;

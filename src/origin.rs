@@ -8,10 +8,18 @@
 //! cannot see (see `lease::adopt_origins`), and a server whose `snowflake.epoch` differs from
 //! a row's refuses to generate or decode instead of silently using the wrong epoch.
 //!
-//! Read through SPI, with every name schema-qualified, once per backend: the callers cache
-//! their success (`lease::READY`, `decode::epoch`).
+//! Trust: the rows decide where every session of the server resumes, so only the table the
+//! extension's own script created counts: a member of the extension, owned by a superuser
+//! (the install script runs as one, also for a trusted extension). A table of that name
+//! that a database owner created, or added to the extension they own, is ignored.
+//!
+//! Read with the table access functions, not SPI, once per backend (the callers cache their
+//! success: `lease::READY`, `decode::epoch`): SPI cannot run inside a parallel operation
+//! (a parallel `CREATE TABLE AS` calls `snowflake_next()` in its leader and workers).
 
-use pgrx::prelude::*;
+use std::ffi::CStr;
+
+use pgrx::pg_sys;
 
 use crate::errors::{self, SnowflakeError};
 use snowflake_core::layout::Epoch;
@@ -25,55 +33,153 @@ pub(crate) struct OriginRow {
     pub epoch_unix_ms: i64,
 }
 
-/// Finds the table in the extension's schema; `None` where the SQL objects predate it
-/// (version 0.2.0 and earlier, before `ALTER EXTENSION snowflake UPDATE`).
-const FIND_TABLE: &str = "\
-SELECT pg_catalog.quote_ident(n.nspname) \
-  FROM pg_catalog.pg_extension e \
-  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace \
-  JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) n.oid \
- WHERE e.extname OPERATOR(pg_catalog.=) 'snowflake' \
-   AND c.relname OPERATOR(pg_catalog.=) 'snowflake_origin'";
+const EXTENSION: &CStr = c"snowflake";
+const TABLE: &CStr = c"snowflake_origin";
+const SYSTEM_IDENTIFIER: &CStr = c"system_identifier";
+const EPOCH_UNIX_MS: &CStr = c"epoch_unix_ms";
 
-/// The rows of this database's `snowflake_origin` table (none if the table does not exist).
+/// The rows of this database's `snowflake_origin` table: none where the extension is not
+/// installed here, where its version predates the table (0.2.0 and earlier, before `ALTER
+/// EXTENSION snowflake UPDATE`), or where the table of that name is not the extension's own.
 pub(crate) fn rows() -> Result<Vec<OriginRow>, SnowflakeError> {
-    let unreadable = |e: pgrx::spi::SpiError| errors::origin_table_unreadable(&e.to_string());
-    Spi::connect(|client| {
-        let found = client
-            .select(FIND_TABLE, Some(1), &[])
-            .map_err(unreadable)?;
-        let schema: Option<String> = if found.is_empty() {
-            None
-        } else {
-            found.first().get_one().map_err(unreadable)?
-        };
-        let Some(schema) = schema else {
+    // SAFETY: catalog lookups and a heap scan under AccessShareLock, in a transaction (every
+    // caller runs inside a SQL function call); errors unwind through pgrx's guard.
+    unsafe {
+        let Some(relid) = trusted_table() else {
             return Ok(Vec::new());
         };
-        let query = format!(
-            "SELECT system_identifier, epoch_unix_ms FROM {schema}.snowflake_origin \
-             WHERE system_identifier IS NOT NULL AND epoch_unix_ms IS NOT NULL"
+        let system_identifier = column(relid, SYSTEM_IDENTIFIER)?;
+        let epoch_unix_ms = column(relid, EPOCH_UNIX_MS)?;
+        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let desc = (*rel).rd_att;
+        // No snapshot given: a registered catalog snapshot, which parallel workers may take.
+        let scan = pg_sys::systable_beginscan(
+            rel,
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
         );
         let mut rows = Vec::new();
-        for row in client
-            .select(query.as_str(), None, &[])
-            .map_err(unreadable)?
+        let mut invalid = None;
+        loop {
+            pg_sys::check_for_interrupts!();
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let (mut sysid_null, mut epoch_null) = (false, false);
+            let sysid = pg_sys::heap_getattr(tuple, system_identifier, desc, &mut sysid_null);
+            let epoch = pg_sys::heap_getattr(tuple, epoch_unix_ms, desc, &mut epoch_null);
+            if sysid_null || epoch_null {
+                continue;
+            }
+            let epoch = epoch.value() as i64;
+            if Epoch::from_unix_ms(epoch).is_none() {
+                invalid = Some(epoch);
+                break;
+            }
+            rows.push(OriginRow {
+                // The SQL bigint holds the unsigned identifier's bits.
+                system_identifier: sysid.value() as u64,
+                epoch_unix_ms: epoch,
+            });
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        match invalid {
+            Some(epoch) => Err(errors::origin_row_invalid(epoch)),
+            None => Ok(rows),
+        }
+    }
+}
+
+/// The OID of the extension's own `snowflake_origin`, or None (see [`rows`]).
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn trusted_table() -> Option<pg_sys::Oid> {
+    unsafe {
+        let extension = pg_sys::get_extension_oid(EXTENSION.as_ptr(), true);
+        if extension == pg_sys::InvalidOid {
+            return None;
+        }
+        let relid = pg_sys::get_relname_relid(TABLE.as_ptr(), extension_schema(extension)?);
+        if relid == pg_sys::InvalidOid
+            || pg_sys::get_rel_relkind(relid) as u8 != pg_sys::RELKIND_RELATION
+            || pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) != extension
         {
-            let sysid = row.get::<i64>(1).map_err(unreadable)?;
-            let epoch = row.get::<i64>(2).map_err(unreadable)?;
-            if let (Some(sysid), Some(epoch)) = (sysid, epoch) {
-                if Epoch::from_unix_ms(epoch).is_none() {
-                    return Err(errors::origin_row_invalid(epoch));
-                }
-                rows.push(OriginRow {
-                    // The SQL bigint holds the unsigned identifier's bits.
-                    system_identifier: sysid as u64,
-                    epoch_unix_ms: epoch,
-                });
+            return None;
+        }
+        let owner = {
+            let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let owner = (*(*rel).rd_rel).relowner;
+            pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            owner
+        };
+        pg_sys::superuser_arg(owner).then_some(relid)
+    }
+}
+
+/// The schema the extension `extension` was installed in (`pg_extension.extnamespace`).
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn extension_schema(extension: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    unsafe {
+        // pg_extension holds a row per installed extension: a scan is a handful of rows.
+        let rel = pg_sys::table_open(
+            pg_sys::ExtensionRelationId,
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+        );
+        let scan = pg_sys::systable_beginscan(
+            rel,
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+        );
+        let mut schema = None;
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let form = pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_extension;
+            if (*form).oid == extension {
+                schema = Some((*form).extnamespace);
+                break;
             }
         }
-        Ok(rows)
-    })
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        schema
+    }
+}
+
+/// The attribute number of `name`, a bigint column of `relid`, or the error that the table
+/// is not as the extension created it.
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn column(relid: pg_sys::Oid, name: &CStr) -> Result<i32, SnowflakeError> {
+    unsafe {
+        let attnum = pg_sys::get_attnum(relid, name.as_ptr());
+        let name = name.to_string_lossy();
+        if attnum <= 0 {
+            return Err(errors::origin_table_unreadable(&format!(
+                "column \"{name}\" does not exist"
+            )));
+        }
+        if pg_sys::get_atttype(relid, attnum) != pg_sys::INT8OID {
+            return Err(errors::origin_table_unreadable(&format!(
+                "column \"{name}\" is not of type bigint"
+            )));
+        }
+        Ok(i32::from(attnum))
+    }
 }
 
 /// The epoch this database's rows record (`None`: no rows). Rows that disagree are an

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted};
-use snowflake_core::settings::redacted;
+use snowflake_core::secrets::{redacted, without_secrets};
 
 /// A failed request, as text for the log and for callers' DETAIL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,15 +125,66 @@ pub fn kind_of(uri: &str) -> Option<Kind> {
     }
 }
 
-/// Opens a client for `uri` (connecting lazily).
+/// Opens a client for `uri` (connecting lazily). Every error it returns, now and from its
+/// requests, has the URI's secrets removed: client libraries may quote what they parsed.
 pub fn open(uri: &str, timeout: Duration) -> Result<Box<dyn Registry>> {
-    match kind_of(uri) {
-        Some(Kind::Redis) => Ok(Box::new(RedisRegistry::new(uri, timeout)?)),
-        Some(Kind::Postgres) => Ok(Box::new(PgRegistry::new(uri, timeout)?)),
+    let opened: Result<Box<dyn Registry>> = match kind_of(uri) {
+        Some(Kind::Redis) => RedisRegistry::new(uri, timeout).map(|r| Box::new(r) as _),
+        Some(Kind::Postgres) => PgRegistry::new(uri, timeout).map(|r| Box::new(r) as _),
         None => Err(RegistryError(format!(
             "unsupported registry URI \"{}\"",
             redacted(uri)
         ))),
+    };
+    match opened {
+        Ok(inner) => Ok(Box::new(WithoutSecrets {
+            inner,
+            uri: uri.to_string(),
+        })),
+        Err(e) => Err(e.without_secrets_of(uri)),
+    }
+}
+
+impl RegistryError {
+    fn without_secrets_of(self, uri: &str) -> RegistryError {
+        RegistryError(without_secrets(&self.0, uri))
+    }
+}
+
+/// A registry whose errors never carry the URI's secrets.
+struct WithoutSecrets {
+    inner: Box<dyn Registry>,
+    uri: String,
+}
+
+impl Registry for WithoutSecrets {
+    fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, ClockSample)> {
+        self.inner
+            .claim(request)
+            .map_err(|e| e.without_secrets_of(&self.uri))
+    }
+
+    fn renew(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        worker_id: u8,
+        may_reassert: bool,
+    ) -> Result<(RenewReply, ClockSample)> {
+        self.inner
+            .renew(request, worker_id, may_reassert)
+            .map_err(|e| e.without_secrets_of(&self.uri))
+    }
+
+    fn release(
+        &mut self,
+        datacenter_id: u8,
+        worker_id: u8,
+        token: &str,
+        high_water_unix_ms: i64,
+    ) -> Result<()> {
+        self.inner
+            .release(datacenter_id, worker_id, token, high_water_unix_ms)
+            .map_err(|e| e.without_secrets_of(&self.uri))
     }
 }
 
@@ -430,6 +481,10 @@ CREATE TABLE IF NOT EXISTS snowflake_claims (
     PRIMARY KEY (datacenter_id, worker_id)
 );";
 
+/// Whether both tables exist (on the connection's search_path).
+const COORDINATOR_TABLES_PRESENT: &str = "SELECT to_regclass('snowflake_registry') IS NOT NULL \
+                                          AND to_regclass('snowflake_claims') IS NOT NULL";
+
 /// The coordinator's clock (ms) and incarnation: its postmaster's start time, which changes
 /// whenever it restarts, is replaced by a standby, or is restored from a backup.
 const PG_NOW: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint, \
@@ -472,7 +527,12 @@ impl PgRegistry {
         }
         let client = self.client.as_mut().expect("connected above");
         if !self.created {
-            client.batch_execute(COORDINATOR_DDL)?;
+            // Only when a table is missing: CREATE ... IF NOT EXISTS still needs CREATE on
+            // the schema, which a least-privilege registry role does not have.
+            let present: bool = client.query_one(COORDINATOR_TABLES_PRESENT, &[])?.get(0);
+            if !present {
+                client.batch_execute(COORDINATOR_DDL)?;
+            }
             self.created = true;
         }
         let result = (|| {

@@ -13,7 +13,8 @@ use crate::rows::{cell, result_row, timestamptz};
 use crate::server;
 use crate::shmem;
 use snowflake_core::claim::ClaimStatus;
-use snowflake_core::settings::{redacted, WorkerId};
+use snowflake_core::secrets::redacted;
+use snowflake_core::settings::WorkerId;
 
 /// The `snowflake_stats_row` of `snowflake_stats()`: configuration, position and counters,
 /// read from shared memory (and, before the first ID or on a standby, the state file).

@@ -539,11 +539,30 @@ impl Origins {
             .any(|o| o.system_identifier == system_identifier)
     }
 
+    /// The distinct identifiers of `system_identifiers` not covered yet, in ascending order.
+    /// Linear in both lists: a table of many rows must not hold a lock for long.
+    pub fn not_covered(&self, system_identifiers: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        let covered: std::collections::HashSet<u64> =
+            self.adopted.iter().map(|o| o.system_identifier).collect();
+        let mut out: Vec<u64> = system_identifiers
+            .into_iter()
+            .filter(|s| !covered.contains(s))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// These origins and `adopted`.
     pub fn with(&self, adopted: AdoptedOrigin) -> Origins {
+        self.with_all([adopted])
+    }
+
+    /// These origins and every one of `adopted`.
+    pub fn with_all(&self, adopted: impl IntoIterator<Item = AdoptedOrigin>) -> Origins {
         let mut next = self.clone();
         next.format = FORMAT_VERSION;
-        next.adopted.push(adopted);
+        next.adopted.extend(adopted);
         next
     }
 }
@@ -669,6 +688,24 @@ mod tests {
             io::ErrorKind::InvalidData
         );
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn uncovered_origins_are_distinct_and_sorted() {
+        let origins = Origins::default().with(AdoptedOrigin {
+            system_identifier: 5,
+            adopted_unix_ms: 1,
+            floor_unix_ms: 2,
+        });
+        assert_eq!(origins.not_covered([9, 5, 7, 9, 5]), vec![7, 9]);
+        let many = origins.not_covered((0..200_000u64).rev());
+        assert_eq!(many.len(), 199_999);
+        let all = origins.with_all(many.iter().map(|&system_identifier| AdoptedOrigin {
+            system_identifier,
+            adopted_unix_ms: 1,
+            floor_unix_ms: 2,
+        }));
+        assert!(all.not_covered(0..200_000u64).is_empty());
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod foreign;
 pub mod generator;
 pub mod layout;
 pub mod ratelimit;
+pub mod secrets;
 pub mod settings;
 pub mod text;
 pub mod watermark;

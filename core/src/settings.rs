@@ -7,6 +7,7 @@
 use std::ffi::CStr;
 
 use crate::layout::{Epoch, MAX_DATACENTER_ID, MAX_TIMESTAMP, MAX_WORKER_ID};
+use crate::secrets::redacted;
 
 /// Name of the worker id setting.
 pub const WORKER_ID: &str = "snowflake.worker_id";
@@ -156,29 +157,6 @@ pub fn registry_uri_is_supported(uri: &str) -> bool {
     ["redis://", "postgresql://", "postgres://"]
         .iter()
         .any(|scheme| lower.starts_with(scheme) && lower.len() > scheme.len())
-}
-
-/// `uri` without its password, for logs and `snowflake_stats()`.
-pub fn redacted(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://") else {
-        return uri.to_string();
-    };
-    let rest = &uri[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_string()
-            };
-            format!("{}{}{}", &uri[..scheme_end + 3], masked, &rest[at..])
-        }
-        None => uri.to_string(),
-    }
 }
 
 /// Parses an id setting (0 ..= max). Empty or absent gives `default`, or `Unset` without one.
@@ -547,24 +525,6 @@ mod tests {
             parse_worker_id(Some("automatic"), None),
             Err(SettingError::NotAnInteger { .. })
         ));
-    }
-
-    #[test]
-    fn redaction() {
-        assert_eq!(
-            redacted("redis://:secret@127.0.0.1:6379/0"),
-            "redis://:***@127.0.0.1:6379/0"
-        );
-        assert_eq!(
-            redacted("postgresql://app:pw@db:5432/reg"),
-            "postgresql://app:***@db:5432/reg"
-        );
-        assert_eq!(
-            redacted("postgresql://app@db/reg"),
-            "postgresql://app@db/reg"
-        );
-        assert_eq!(redacted("redis://h:1"), "redis://h:1");
-        assert_eq!(redacted("not a uri"), "not a uri");
     }
 
     #[test]

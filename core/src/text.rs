@@ -10,6 +10,8 @@ use crate::settings::{civil_from_days, days_from_civil, days_in_month};
 
 /// Digits at the end of a serial: time (17), datacenter (2), worker (2), sequence (4).
 pub const SERIAL_DIGITS: usize = 25;
+/// The most bytes a PostgreSQL `text` value holds: 1 GB less one, less its 4-byte header.
+pub const MAX_TEXT_BYTES: usize = 0x3fff_ffff - 4;
 /// Characters of a base32 ID.
 pub const BASE32_LEN: usize = 13;
 /// Crockford's alphabet: digits and upper-case letters without I, L, O and U.
@@ -53,6 +55,11 @@ pub enum TextError {
     },
     /// The time is outside what this epoch's 41 bits can hold.
     SerialTimeOutOfRange(LayoutError),
+    /// The prefix would make the serial longer than a PostgreSQL `text` can be.
+    SerialTooLong {
+        /// Bytes in the prefix (UTF-8).
+        prefix_bytes: usize,
+    },
     /// Base32 text of the wrong length.
     Base32Length {
         /// Characters in the text.
@@ -72,6 +79,11 @@ pub enum TextError {
 /// Formats `id` as a business serial: `prefix`, then the ID's UTC time as
 /// `YYYYMMDDHHMISSmmm`, the datacenter (2 digits), the worker (2) and the sequence (4).
 pub fn to_serial(prefix: &str, id: i64, epoch: Epoch) -> Result<String, TextError> {
+    if prefix.len() > MAX_TEXT_BYTES - SERIAL_DIGITS {
+        return Err(TextError::SerialTooLong {
+            prefix_bytes: prefix.len(),
+        });
+    }
     let parts = unpack(id).map_err(TextError::Layout)?;
     let unix_ms = epoch.to_unix(parts.timestamp).0;
     let days = unix_ms.div_euclid(86_400_000);
@@ -94,13 +106,15 @@ pub fn to_serial(prefix: &str, id: i64, epoch: Epoch) -> Result<String, TextErro
 
 /// Parses a serial made by [`to_serial`] with any prefix: its last 25 characters.
 pub fn from_serial(serial: &str, epoch: Epoch) -> Result<i64, TextError> {
-    let chars: Vec<char> = serial.chars().collect();
-    if chars.len() < SERIAL_DIGITS {
-        return Err(TextError::SerialTooShort { len: chars.len() });
+    // Only the last 25 characters matter: the prefix may be long (up to 1 GB).
+    let mut tail: Vec<char> = serial.chars().rev().take(SERIAL_DIGITS).collect();
+    tail.reverse();
+    if tail.len() < SERIAL_DIGITS {
+        return Err(TextError::SerialTooShort { len: tail.len() });
     }
-    let start = chars.len() - SERIAL_DIGITS;
+    let start = serial.chars().count() - SERIAL_DIGITS;
     let mut digits = [0u32; SERIAL_DIGITS];
-    for (i, c) in chars[start..].iter().enumerate() {
+    for (i, c) in tail.iter().enumerate() {
         // `to_digit` knows only ASCII digits: Arabic-Indic and other digits are refused.
         digits[i] = c.to_digit(10).ok_or(TextError::SerialNotDigit {
             position: start + i + 1,
@@ -119,7 +133,7 @@ pub fn from_serial(serial: &str, epoch: Epoch) -> Result<i64, TextError> {
         && i64::from(day) <= days_in_month(i64::from(year), i64::from(month));
     if !valid_date || hour > 23 || minute > 59 || second > 59 {
         return Err(TextError::SerialBadTime {
-            digits: chars[start..start + 17].iter().collect(),
+            digits: tail[..17].iter().collect(),
         });
     }
     let field = |name: &'static str, value: u32, max: u32| {

@@ -93,3 +93,33 @@ DROP SCHEMA fake CASCADE;
 DROP TABLE child, parent_serial, ident, uses_shared_1, other CASCADE;
 DROP TABLE huge;
 DROP SEQUENCE shared_seq;
+
+-- Rights (0.4.0): converting rewrites tables, which runs their owners' code with the
+-- converter's rights, so only the current role's own tables are altered. A referencing
+-- column of another role's table is refused, naming it, unless include_others_tables:
+-- then it is widened as its owner.
+CREATE ROLE convert_other;
+CREATE SCHEMA theirs AUTHORIZATION convert_other;
+CREATE TABLE mine (id serial PRIMARY KEY);
+GRANT REFERENCES ON mine TO convert_other;
+SET ROLE convert_other;
+CREATE TABLE theirs.refs (k integer REFERENCES mine);
+CREATE TABLE theirs.own (id serial PRIMARY KEY);
+RESET ROLE;
+SELECT snowflake_convert_column('mine', 'id');
+\echo SQLSTATE :SQLSTATE
+SELECT format_type(atttypid, NULL) AS mine_id_unchanged FROM pg_attribute
+ WHERE attrelid = 'mine'::regclass AND attname = 'id';
+SELECT snowflake_convert_column('mine', 'id', include_others_tables => true);
+SELECT attrelid::regclass, format_type(atttypid, NULL) FROM pg_attribute
+ WHERE attrelid IN ('mine'::regclass, 'theirs.refs'::regclass) AND attname IN ('id', 'k')
+ ORDER BY 1;
+-- Another role's table itself: refused, even to a superuser.
+SELECT snowflake_convert_column('theirs.own', 'id');
+\echo SQLSTATE :SQLSTATE
+-- The helper widens only a referencing column of a table the caller owns.
+SELECT snowflake_widen_foreign_key_column('theirs.own'::regclass, 'id', 'mine'::regclass);
+\echo SQLSTATE :SQLSTATE
+DROP SCHEMA theirs CASCADE;
+DROP TABLE mine;
+DROP ROLE convert_other;

@@ -1,0 +1,249 @@
+//! Keeping the registry's credentials inside the server process.
+//!
+//! `snowflake.registry` may carry a password in any form its client accepts: in the user
+//! information (`user:pa/ss@host`, which the PostgreSQL client splits at the first `@` of
+//! the whole string, and Redis's URL parser at the last `@` before the path), percent-encoded
+//! or not, or as a query parameter (`?password=`, `&sslpassword=`). Parsing it the way one
+//! client does and masking the password misses the forms another parse sees, so:
+//! - [`redacted`] builds the text shown to users from the parts that are never secret
+//!   (scheme, user, hosts and ports, database) and hides any part that overlaps a secret
+//!   under *any* of those parses; the query string is never shown;
+//! - [`without_secrets`] removes every secret candidate from a text that may quote the URI
+//!   (a client library's error message).
+
+/// What stands in for a hidden part.
+pub const MASK: &str = "***";
+
+/// The characters that end the user information or host part of a URI.
+const AUTHORITY_END: [char; 3] = ['/', '?', '#'];
+
+/// `uri` for logs, messages and `snowflake_stats()`: `scheme://[user@]hosts[/database]`,
+/// with every part that overlaps a secret replaced by [`MASK`] and no query string.
+pub fn redacted(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        // Not a URI: nothing in it can be shown safely.
+        return MASK.to_string();
+    };
+    let secrets = secret_candidates(uri);
+    let shown = |part: &str| -> String {
+        if part.is_empty() || overlaps_secret(part, &secrets) {
+            MASK.to_string()
+        } else {
+            part.to_string()
+        }
+    };
+    // Parts are taken from after the last `@`, which is past the user information under
+    // every parse; what a query value's `@` leaves there is caught by the overlap check.
+    let host_and_path = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
+    let user = rest
+        .find('@')
+        .map(|_| &rest[..rest.find([':', '@']).unwrap_or(0)]);
+    let host_end = host_and_path
+        .find(AUTHORITY_END)
+        .unwrap_or(host_and_path.len());
+    let hosts = &host_and_path[..host_end];
+    let path = host_and_path[host_end..]
+        .strip_prefix('/')
+        .map(|p| &p[..p.find(['?', '#']).unwrap_or(p.len())]);
+    let mut out = format!("{scheme}://");
+    if let Some(user) = user.filter(|u| !u.is_empty() && !u.contains(AUTHORITY_END)) {
+        out.push_str(&shown(user));
+        out.push('@');
+    }
+    out.push_str(&shown(hosts));
+    if let Some(path) = path.filter(|p| !p.is_empty()) {
+        out.push('/');
+        out.push_str(&shown(path));
+    }
+    out
+}
+
+/// `text` with every secret candidate of `uri` replaced by [`MASK`].
+pub fn without_secrets(text: &str, uri: &str) -> String {
+    let mut secrets = secret_candidates(uri);
+    // Longest first, so that a secret containing another is removed whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut out = text.to_string();
+    for secret in secrets {
+        if !secret.is_empty() {
+            out = out.replace(&secret, MASK);
+        }
+    }
+    out
+}
+
+/// Every string of `uri` that a client could take as a password, raw and percent-decoded:
+/// the password of the user information under each parse (first `@` of the string, last
+/// `@` of the authority, last `@` of the string), and the value of every query parameter
+/// whose name mentions a password.
+fn secret_candidates(uri: &str) -> Vec<String> {
+    let mut raw: Vec<&str> = Vec::new();
+    let rest = uri.split_once("://").map_or(uri, |(_, r)| r);
+    let authority = &rest[..rest.find(AUTHORITY_END).unwrap_or(rest.len())];
+    let credentials = [
+        rest.find('@').map(|at| &rest[..at]),
+        authority.rfind('@').map(|at| &authority[..at]),
+        rest.rfind('@').map(|at| &rest[..at]),
+    ];
+    for userinfo in credentials.into_iter().flatten() {
+        if let Some((_, password)) = userinfo.split_once(':') {
+            raw.push(password);
+        }
+    }
+    for (at, _) in uri.match_indices('?') {
+        for pair in uri[at + 1..].split('&') {
+            if let Some((key, value)) = pair.split_once('=') {
+                if percent_decoded(key).to_ascii_lowercase().contains("pass") {
+                    // A value ends at a fragment mark for a URL parser, or not at all.
+                    raw.push(value);
+                    raw.push(&value[..value.find('#').unwrap_or(value.len())]);
+                }
+            }
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for r in raw {
+        for candidate in [r.to_string(), percent_decoded(r)] {
+            if !candidate.is_empty() && !out.contains(&candidate) {
+                out.push(candidate);
+            }
+        }
+    }
+    out
+}
+
+/// Whether `part` (a user, host or path shown to users) and a secret share text: either
+/// contains the other.
+fn overlaps_secret(part: &str, secrets: &[String]) -> bool {
+    let decoded = percent_decoded(part);
+    secrets.iter().any(|s| {
+        s.contains(part)
+            || part.contains(s.as_str())
+            || s.contains(&decoded)
+            || decoded.contains(s.as_str())
+    })
+}
+
+/// `text` with `%XX` escapes decoded (invalid escapes kept; invalid UTF-8 replaced).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = (hex_value(bytes[i + 1]), hex_value(bytes[i + 2]));
+            if let (Some(high), Some(low)) = hex {
+                out.push(high << 4 | low);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex_value(byte: u8) -> Option<u8> {
+    (byte as char).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn shows_scheme_user_hosts_and_database() {
+        assert_eq!(
+            redacted("redis://:secret@127.0.0.1:6379/0"),
+            "redis://127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redacted("redis://default:secret@127.0.0.1:6379"),
+            "redis://default@127.0.0.1:6379"
+        );
+        assert_eq!(
+            redacted("postgresql://app:pw@db:5432/reg"),
+            "postgresql://app@db:5432/reg"
+        );
+        assert_eq!(
+            redacted("postgresql://app@db/reg"),
+            "postgresql://app@db/reg"
+        );
+        assert_eq!(redacted("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redacted("postgresql://u@h1:5432,h2:5433/reg?target_session_attrs=read-write"),
+            "postgresql://u@h1:5432,h2:5433/reg"
+        );
+        assert_eq!(redacted("not a uri"), MASK);
+    }
+
+    /// The forms the security review reproduced, and their neighbours.
+    #[test]
+    fn no_password_form_is_shown() {
+        let cases = [
+            ("postgresql://reguser:Pa/ssw0rd@host/db", "Pa/ssw0rd"),
+            ("postgresql://reguser:Pa%2Fssw0rd@host/db", "Pa/ssw0rd"),
+            ("postgresql://reguser:Pa?ssw0rd@host:5432/db", "Pa?ssw0rd"),
+            ("postgresql://reguser:Pa#ssw0rd@host:5432/db", "Pa#ssw0rd"),
+            ("postgresql://reguser@host/db?password=Sekr3tQ", "Sekr3tQ"),
+            (
+                "postgresql://host/db?user=u&sslmode=disable&password=Sekr3tQ",
+                "Sekr3tQ",
+            ),
+            ("postgresql://host/db?pass%77ord=Sekr3tQ", "Sekr3tQ"),
+            ("postgresql://host/db?sslpassword=Sekr3tQ", "Sekr3tQ"),
+            ("postgresql://host:5432/db?user=u&password=a@bcd", "a@bcd"),
+            ("postgres://u:p%40ss@host/db", "p@ss"),
+            ("redis://:R3disPw@127.0.0.1:6379/0", "R3disPw"),
+            ("redis://default:R3disPw@127.0.0.1:6379", "R3disPw"),
+            ("redis://default:R3%2FdisPw@127.0.0.1:6379", "R3/disPw"),
+            ("redis://default:R3/disPw@127.0.0.1:6379", "R3/disPw"),
+        ];
+        for (uri, password) in cases {
+            let shown = redacted(uri);
+            assert!(!shown.contains(password), "{uri} shown as {shown}");
+            for fragment in password.split(['/', '?', '#', '@']) {
+                if fragment.len() >= 3 {
+                    assert!(!shown.contains(fragment), "{uri} shown as {shown}");
+                }
+            }
+            let message = format!("could not connect to {uri}: refused ({password})");
+            let clean = without_secrets(&message, uri);
+            assert!(!clean.contains(password), "{message} cleaned to {clean}");
+        }
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decoded("a%2Fb"), "a/b");
+        assert_eq!(percent_decoded("100%"), "100%");
+        assert_eq!(percent_decoded("%zz%4"), "%zz%4");
+    }
+
+    proptest! {
+        /// Whatever the password and however it is written, it never shows.
+        /// (`&` and `=` separate query parameters, so a query value cannot hold them.)
+        #[test]
+        fn password_never_shown(
+            password in "[A-Za-z0-9/?#@:%]{4,16}",
+            extra in "[=&]{0,1}",
+            in_query in any::<bool>(),
+            redis in any::<bool>(),
+        ) {
+            let scheme = if redis { "redis" } else { "postgresql" };
+            let password = if in_query { password } else { format!("{password}{extra}") };
+            let uri = if in_query {
+                format!("{scheme}://reg@10.1.2.3:5432/db?password={password}")
+            } else {
+                format!("{scheme}://reg:{password}@10.1.2.3:5432/db")
+            };
+            let shown = redacted(&uri);
+            prop_assert!(!shown.contains(&password), "{} shown as {}", uri, shown);
+            prop_assert!(!shown.contains(&percent_decoded(&password)), "{} shown as {}", uri, shown);
+            let message = format!("error for {uri}: {password}");
+            prop_assert!(!without_secrets(&message, &uri).contains(&password));
+        }
+    }
+}
