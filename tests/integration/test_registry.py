@@ -528,3 +528,71 @@ class PostgresCoordinator(RegistryScenarios, unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LeastPrivilegeCredentials(unittest.TestCase):
+    """The README ("Security") tells how to limit what the registry credential can do: a
+    Redis ACL user limited to the registry's keys and commands, and a coordinator role with
+    rights on the two tables only. A node must claim, issue and release with exactly those,
+    and the credential must be refused everything else."""
+
+    def setUp(self):
+        self.clusters = []
+
+    def tearDown(self):
+        for c in self.clusters:
+            c.destroy()
+
+    def claim_issue_release(self, registry, uri):
+        c = Cluster(f"leastpriv{free_port()}", {
+            "shared_preload_libraries": "'snowflake'",
+            "snowflake.worker_id": "auto",
+            "snowflake.datacenter_id": "1",
+            "snowflake.registry": uri,
+            "snowflake.claim_ttl": f"'{TTL}'",
+        })
+        self.clusters.append(c)
+        c.init()
+        c.start()
+        c.sql("CREATE EXTENSION snowflake")
+        worker = wait_claimed(c)
+        self.assertEqual(len(set(ids(c))), 2000)
+        c.stop()  # a clean stop releases the claim
+        self.assertNotIn("could not release", c.log())
+        return worker
+
+    def test_redis_acl_user(self):
+        redis = Redis()
+        redis.start()
+        self.addCleanup(redis.stop)
+        # The README's ACL line, word for word.
+        redis.cli("ACL", "SETUSER", "snowflake", "on", ">N0de-Pw", "resetkeys", "~snowflake:*",
+                  "-@all", "+@scripting", "+get", "+set", "+del", "+exists", "+hmget", "+hset",
+                  "+time", "+info")
+        worker = self.claim_issue_release(
+            redis, f"'redis://snowflake:N0de-Pw@127.0.0.1:{redis.port}/0'")
+        self.assertGreaterEqual(worker, 0)
+        self.assertEqual(redis.cli("EXISTS", f"snowflake:claim:1:{worker}"), "0", "not released")
+        refused = subprocess.run(["redis-cli", "-p", str(redis.port), "--user", "snowflake",
+                                  "--pass", "N0de-Pw", "--no-auth-warning", "SET", "other", "1"],
+                                 capture_output=True, text=True).stdout
+        self.assertIn("NOPERM", refused)
+
+    def test_coordinator_role_with_rights_on_two_tables(self):
+        coord = Coordinator()
+        coord.start()
+        self.addCleanup(coord.cluster.destroy)
+        self.addCleanup(coord.stop)
+        # The tables' owner creates them: here a first node with the superuser's credential.
+        self.claim_issue_release(coord, coord.uri())
+        coord.cluster.sql("CREATE ROLE snowflake_node LOGIN")
+        coord.cluster.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON snowflake_registry, snowflake_claims TO snowflake_node")
+        worker = self.claim_issue_release(
+            coord, f"'postgresql://snowflake_node@127.0.0.1:{coord.cluster.port}/postgres'")
+        holder = coord.cluster.one("SELECT holder FROM snowflake_claims WHERE datacenter_id = 1 AND worker_id = %s",
+                                   (worker,))
+        self.assertIsNone(holder, "not released")
+        with psycopg.connect(host="127.0.0.1", port=coord.cluster.port, user="snowflake_node",
+                             dbname="postgres", autocommit=True) as conn:
+            e = error_of(conn, "CREATE TABLE other (x int)")
+            self.assertEqual(e.sqlstate, "42501")
