@@ -79,20 +79,16 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             wal::insertion_timeline(),
             server::now_unix_ms(),
             live_peer,
-            durable::reach_cap_ms(gucs::lease_window_ms() as i64, 0),
+            configured_reach_cap_ms(),
         );
         let lease_end = state
             .map(|s| config.epoch.timestamp_or_zero(UnixMs(s.lease_end_unix_ms)))
             .unwrap_or_default();
         let floor = config.epoch.timestamp_or_zero(UnixMs(plan.floor_unix_ms));
-        let resumed = match plan.kind {
-            ResumeKind::Fresh | ResumeKind::Restart => Resumed::Restart,
-            ResumeKind::ClockBehind { step_back_ms } => Resumed::ClockBehind { step_back_ms },
-            ResumeKind::Failover { lead_ms, margin_ms } => {
-                errors::failover_resume(plan.floor_unix_ms, lead_ms, margin_ms).log();
-                Resumed::Failover
-            }
-        };
+        if let ResumeKind::Failover { lead_ms, margin_ms } = plan.kind {
+            errors::failover_resume(plan.floor_unix_ms, lead_ms, margin_ms).log();
+        }
+        let resumed = plan.kind.resumed(config.epoch);
         let mut shared = shmem::GENERATOR.exclusive();
         match config.worker_id {
             WorkerId::Fixed(worker_id) => {

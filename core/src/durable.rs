@@ -26,7 +26,8 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::layout::Epoch;
+use crate::generator::Resumed;
+use crate::layout::{Epoch, UnixMs};
 use crate::layout::{DATACENTER_BITS, SEQUENCE_BITS, TIMESTAMP_BITS, WORKER_BITS};
 
 /// File name, relative to the data directory.
@@ -266,6 +267,10 @@ pub enum ResumeKind {
     ClockBehind {
         /// How far the clock is behind the time the newest lease was written (ms; 0: not).
         step_back_ms: u64,
+        /// When the newest lease was written, on its writer's clock (Unix ms; 0: unknown).
+        written_unix_ms: i64,
+        /// How far past `written_unix_ms` that lease may lawfully reach (ms).
+        reach_ms: i64,
     },
     /// The newest lease was written on another timeline: this node was promoted (or
     /// restored to a new timeline), and the old primary may have written leases it never
@@ -295,11 +300,34 @@ pub fn failover_margin_ms(since_observation_ms: i64) -> i64 {
     100 + since_observation_ms.max(0) / 2_000
 }
 
+impl ResumeKind {
+    /// What the generator meets before its first ID after resuming so (`epoch` converts the
+    /// lease writer's time to the generator's milliseconds).
+    pub fn resumed(self, epoch: Epoch) -> Resumed {
+        match self {
+            ResumeKind::Fresh | ResumeKind::Restart => Resumed::Restart,
+            ResumeKind::ClockBehind {
+                step_back_ms,
+                written_unix_ms,
+                reach_ms,
+            } => Resumed::ClockBehind {
+                step_back_ms,
+                written: epoch.timestamp_or_zero(UnixMs(written_unix_ms)).0,
+                reach_ms: reach_ms.max(0) as u64,
+            },
+            ResumeKind::Failover { .. } => Resumed::Failover,
+        }
+    }
+}
+
 /// Where to resume, from the recorded state, the timeline the server now writes on, its
 /// clock, the freshest observation of the old primary's clock that shared memory still
 /// holds (the WAL receiver's last message; lost at a restart), and the reach cap of the
-/// current settings without borrowing (`reach_cap_ms(lease_window, 0)`), which bounds how
-/// far past the clock a restart may resume before it counts as a clock fault.
+/// current settings (`reach_cap_ms(lease_window, max_clock_drift)`). A restart is lawful
+/// when the clock is not earlier than when the newest lease was written and the resume point
+/// is within the larger of that reach and the one the lease's writer recorded: the lease may
+/// reach that far past a sane clock (IDs borrowed up to `max_clock_drift` ahead, the window,
+/// its widening after slow renewals), so waiting for it is expected, never an error.
 ///
 /// On a failover the floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
 /// which died before this promotion, read at most `now + lead` on its clock, and never wrote
@@ -341,11 +369,14 @@ pub fn plan_resume(
             kind: ResumeKind::Failover { lead_ms, margin_ms },
         };
     }
-    // A restart with a sane clock resumes at most one lease reach past it; IDs borrowed
-    // further ahead (up to max_clock_drift) are a clock fault for the clock policy to judge.
-    let kind = if now_unix_ms < state.written_unix_ms || lease - now_unix_ms > restart_reach_ms {
+    // A restart with a sane clock resumes at most one reach past it, as the writer's
+    // settings or the current ones allow; further is a clock fault for the policy to judge.
+    let reach_ms = restart_reach_ms.max(state.reach_cap_ms);
+    let kind = if now_unix_ms < state.written_unix_ms || lease - now_unix_ms > reach_ms {
         ResumeKind::ClockBehind {
             step_back_ms: (state.written_unix_ms - now_unix_ms).max(0) as u64,
+            written_unix_ms: state.written_unix_ms,
+            reach_ms,
         }
     } else {
         ResumeKind::Restart
@@ -970,6 +1001,8 @@ mod tests {
         assert_eq!(plan.floor_unix_ms, 50_000);
         let set_back = ResumeKind::ClockBehind {
             step_back_ms: 30_000,
+            written_unix_ms: 49_000,
+            reach_ms: 2_000,
         };
         assert_eq!(plan.kind, set_back);
         // Written while the clock was behind (IDs borrowed ahead of it): more than one reach
@@ -978,10 +1011,23 @@ mod tests {
             written_unix_ms: 10_000,
             ..state.clone()
         };
-        let no_step = ResumeKind::ClockBehind { step_back_ms: 0 };
+        let no_step = ResumeKind::ClockBehind {
+            step_back_ms: 0,
+            written_unix_ms: 10_000,
+            reach_ms: 2_000,
+        };
         assert_eq!(
             plan_resume(Some(&borrowed), 1, 20_000, None, 2_000).kind,
             no_step
+        );
+        // The writer's recorded reach counts too (it may have allowed more borrowing).
+        let wide = StateFile {
+            reach_cap_ms: 61_000,
+            ..borrowed.clone()
+        };
+        assert_eq!(
+            plan_resume(Some(&wide), 1, 20_000, None, 2_000).kind,
+            ResumeKind::Restart
         );
         // Files of 0.2 know neither time nor timeline nor reach: the configured reach decides.
         let old = StateFile {
@@ -994,7 +1040,11 @@ mod tests {
         assert_eq!(restart.kind, ResumeKind::Restart);
         assert_eq!(
             plan_resume(Some(&old), 2, 40_000, None, 2_000).kind,
-            no_step
+            ResumeKind::ClockBehind {
+                step_back_ms: 0,
+                written_unix_ms: 0,
+                reach_ms: 2_000,
+            }
         );
     }
 
@@ -1068,6 +1118,63 @@ mod tests {
             let lease_end = written + (reach_cap as f64 * reach_frac) as i64;
             let plan = plan_resume(Some(&seen), 2, now, None, 2_000);
             proptest::prop_assert!(plan.floor_unix_ms >= lease_end);
+        }
+    }
+
+    proptest::proptest! {
+        /// A restart with a sane clock never raises an error, for every combination of
+        /// settings the configuration accepts, before and after the restart: the lease may
+        /// reach up to `reach_cap` past its writer's clock (IDs borrowed up to
+        /// `max_clock_drift` ahead, the window, the widening after slow renewals), and a
+        /// clock at or after that writer's (or behind it by no more than the drift now
+        /// allowed) waits for the resume point instead of refusing. The wait never goes past
+        /// the resume point, and a clock set back further than the drift is still refused.
+        #[test]
+        fn a_restart_with_a_sane_clock_never_refuses(
+            window in 1i64..=3_600_000,
+            drift in 0i64..=3_600_000,
+            last_renewal in 0i64..=10_000_000,
+            borrowed_frac in 0.0f64..=1.0,
+            new_window in 1i64..=3_600_000,
+            new_drift in 0i64..=3_600_000,
+            clock_offset in -3_600_000i64..=100_000,
+            wait_policy in proptest::bool::ANY,
+            max_wait in 1u64..=3_600_000,
+        ) {
+            use crate::generator::{ClockPolicy, Generator, Next};
+            let epoch = Epoch::TWITTER;
+            let written = 1_800_000_000_000i64;
+            let borrowed = (drift as f64 * borrowed_frac) as i64;
+            let lease = written + borrowed + lease_reach_ms(window, last_renewal);
+            let state = StateFile::own(&LeaseRecord {
+                lease_end_unix_ms: lease,
+                layout: LayoutRecord::current(epoch),
+                written_unix_ms: written,
+                timeline: 1,
+                reach_cap_ms: reach_cap_ms(window, drift),
+            });
+            let now = written + clock_offset;
+            let plan = plan_resume(Some(&state), 1, now, None, reach_cap_ms(new_window, new_drift));
+            proptest::prop_assert_eq!(plan.floor_unix_ms, lease);
+            let floor = epoch.timestamp_or_zero(UnixMs(lease));
+            let mut g = Generator::resume(floor, floor, plan.kind.resumed(epoch));
+            let policy = ClockPolicy {
+                max_drift_ms: new_drift as u64,
+                max_wait_ms: if wait_policy { max_wait } else { 1 },
+                first_sequence: 0,
+            };
+            let wall = epoch.timestamp_or_zero(UnixMs(now));
+            let sane = clock_offset >= -new_drift;
+            match g.next(wall, policy) {
+                Ok(Next::WaitUntil { wall_ms }) => proptest::prop_assert!(wall_ms <= floor),
+                Ok(_) => {}
+                Err(e) => {
+                    proptest::prop_assert!(!sane, "refused a sane clock: {:?}", e);
+                }
+            }
+            if !sane && !wait_policy {
+                proptest::prop_assert!(g.next(wall, policy).is_err(), "a clock set back beyond the drift was not refused");
+            }
         }
     }
 

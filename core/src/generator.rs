@@ -75,12 +75,18 @@ pub enum Resumed {
     /// fault: callers wait for it, whatever the clock policy.
     #[default]
     Restart,
-    /// The clock is further behind the resume point than one lease reaches: it was set back
-    /// while the server was down, or IDs had been borrowed ahead of it. The clock policy
-    /// applies, and the error reports the real step (0 if the clock did not step).
+    /// At the restart, the clock was further behind the resume point than one lease reaches:
+    /// it was set back while the server was down, or IDs had been borrowed ahead of it. Once
+    /// the clock is back within `max_clock_drift` of `written` and the resume point within
+    /// `reach_ms` of it, this is an ordinary restart and callers wait; until then the clock
+    /// policy applies, and the error reports the real step (0 if the clock did not step).
     ClockBehind {
-        /// How far the clock is behind the time the last lease was written (ms).
+        /// How far the clock was behind the time the last lease was written (ms).
         step_back_ms: u64,
+        /// When the last lease was written, on its writer's clock (ms since the epoch).
+        written: u64,
+        /// How far past `written` that lease may lawfully reach (ms).
+        reach_ms: u64,
     },
     /// Promoted: the resume point covers the old primary's possible leases. The clock
     /// policy applies.
@@ -311,11 +317,25 @@ impl Generator {
                     ahead_ms,
                     max_drift_ms,
                 }),
-                (false, Resumed::ClockBehind { step_back_ms }) => Err(GenerateError::ClockBehind {
-                    step_back_ms,
-                    ahead_ms,
-                    max_drift_ms,
-                }),
+                (
+                    false,
+                    Resumed::ClockBehind {
+                        written, reach_ms, ..
+                    },
+                ) if wall.saturating_add(max_drift_ms) >= written
+                    && timestamp <= written.saturating_add(reach_ms) =>
+                {
+                    // The clock is back where the lease was written (within the drift
+                    // allowed): waiting for the resume point is a restart's wait.
+                    Ok(wait)
+                }
+                (false, Resumed::ClockBehind { step_back_ms, .. }) => {
+                    Err(GenerateError::ClockBehind {
+                        step_back_ms,
+                        ahead_ms,
+                        max_drift_ms,
+                    })
+                }
                 (true, _) => Err(GenerateError::ClockBehind {
                     step_back_ms,
                     ahead_ms,
@@ -623,6 +643,8 @@ mod tests {
             EpochMs(10_000),
             Resumed::ClockBehind {
                 step_back_ms: 30_000,
+                written: 40_000,
+                reach_ms: 2_000,
             },
         );
         assert_eq!(

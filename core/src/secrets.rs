@@ -26,7 +26,9 @@ pub fn redacted(uri: &str) -> String {
     };
     let secrets = secret_candidates(uri);
     let shown = |part: &str| -> String {
-        if part.is_empty() || overlaps_secret(part, &secrets) {
+        if part.is_empty() {
+            String::new()
+        } else if overlaps_secret(part, &secrets) {
             MASK.to_string()
         } else {
             part.to_string()

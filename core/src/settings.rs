@@ -507,7 +507,7 @@ mod tests {
         assert_eq!(
             parse_worker_id(Some("auto"), Some("http://u:pw@h/")),
             Err(SettingError::BadRegistry {
-                value: "http://u:***@h/".into()
+                value: "http://u@h".into()
             })
         );
         assert_eq!(

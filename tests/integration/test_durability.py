@@ -223,6 +223,40 @@ class RestartAfterFaults(unittest.TestCase):
         self.pg.start()
         self.check_new_ids_above(highest)
 
+    def test_restart_never_refuses_a_sane_clock(self):
+        # Issue 28: with max_clock_drift = lease_window, a lease written right after IDs were
+        # borrowed ahead reaches drift + window past the clock. A restart must wait for it
+        # (no 58000), straight away and after a clock set back and restored; only while the
+        # clock really is set back does it refuse. A 5 s window and drift keep the resume
+        # point several seconds ahead whatever the restarts cost on a loaded machine.
+        self.pg.configure(snowflake__max_clock_drift="'5s'", snowflake__lease_window="'5s'")
+        try:
+            self.pg.set_clock_offset("+0")
+            self.pg.restart()
+            for clock_games in (False, True):
+                with self.subTest(clock_set_back_and_restored=clock_games):
+                    highest = self.pg.one(
+                        "SELECT max(snowflake_next_block(4096)) + 4095 FROM generate_series(1, 5000)")
+                    self.assertGreater(self.pg.one(
+                        "SELECT extract(epoch FROM snowflake_to_timestamp(%s) - clock_timestamp())",
+                        (highest,)), 2, "IDs were not borrowed ahead")
+                    self.pg.stop("immediate")
+                    if clock_games:
+                        self.pg.set_clock_offset("-30")
+                    self.pg.start()
+                    if clock_games:
+                        with self.pg.connect() as conn:
+                            self.assertEqual(error_of(conn, "SELECT snowflake_next()").sqlstate, "58000")
+                        self.pg.set_clock_offset("+0")
+                    with self.pg.connect() as conn:
+                        conn.execute("SET statement_timeout = '60s'")
+                        first = conn.execute("SELECT snowflake_next()").fetchone()[0]
+                    self.assertGreater(first, highest)
+        finally:
+            self.pg.set_clock_offset("+0")
+            self.pg.configure(snowflake__max_clock_drift="'60s'", snowflake__lease_window=None)
+            self.pg.restart()
+
     def test_restart_with_clock_back_beyond_the_bound_refuses(self):
         # With the default 1 s bound, a clock 30 s behind the lease cannot be absorbed:
         # the generator refuses (nothing duplicated) until the clock catches up.
