@@ -230,6 +230,13 @@ class Cluster:
             cur = conn.execute("SELECT * FROM snowflake_stats")
             return dict(zip([c.name for c in cur.description], cur.fetchone()))
 
+    def wait_lease_passed(self, timeout=30):
+        """Waits until the clock is past the durable lease, so that the next ID writes a new
+        lease record. Sleeping one lease_window is not enough: a lease is widened by up to
+        another window (at least 100 ms) after slow renewals, as on a loaded machine."""
+        wait_until(lambda: self.one("SELECT lease_end < clock_timestamp() FROM snowflake_stats"),
+                   timeout=timeout, what=f"{self.name}: the clock past the lease")
+
     def log(self):
         try:
             with open(os.path.join(self.dir, "server.log")) as f:

@@ -308,7 +308,7 @@ class StandbyPromotion(unittest.TestCase):
             # More IDs after the backup: their lease records reach the standby by streaming.
             # A longer lease window makes the point: IDs far below the lease end are safe.
             primary.reload(snowflake__lease_window="'5s'")
-            time.sleep(1.2)  # past the first lease, so that a new record is written
+            primary.wait_lease_passed()  # so that a new record is written
             primary.sql("INSERT INTO t (client, n) SELECT 1, g FROM generate_series(1, 5000) g")
             returned = primary.one("SELECT max(x) FROM (SELECT snowflake_next() x FROM generate_series(1, 5000)) s")
             highest = max(returned, primary.one("SELECT max(id) FROM t"))
@@ -367,7 +367,7 @@ class SynchronousReplication(unittest.TestCase):
             first = primary.one("SELECT snowflake_next()")
             self.assertGreater(first, 0)
             standby.stop()
-            time.sleep(1.2)  # past the lease: the next ID needs a new one
+            primary.wait_lease_passed()  # the next ID needs a new lease
             with primary.connect() as conn:
                 conn.execute("SET statement_timeout = '1500ms'")
                 started = time.monotonic()

@@ -118,7 +118,7 @@ class SynchronousModes(unittest.TestCase):
                                       snowflake__lease_window="'200ms'")
         first = primary.one("SELECT snowflake_next()")
         with Frozen(standby):
-            time.sleep(0.3)  # the confirmed lease has run out
+            primary.wait_lease_passed()  # the confirmed lease has run out
             primary.reload(snowflake__lease_window="'10s'")
             with primary.connect() as off:
                 off.execute("SET synchronous_commit = off")
@@ -204,7 +204,7 @@ class AsynchronousPath(unittest.TestCase):
         primary, standby = start_pair(self, "flush", 15, snowflake__lease_window="'300ms'")
         primary.one("SELECT snowflake_next()")
         standby.wait_replayed(primary)
-        time.sleep(0.5)  # past the lease
+        primary.wait_lease_passed()
         with primary.connect(autocommit=False) as conn:
             conn.execute("SELECT snowflake_next()")  # renews the lease, then stays open
             lease_end = conn.execute("SELECT lease_end FROM snowflake_stats").fetchone()[0]
@@ -230,7 +230,7 @@ class Replay(unittest.TestCase):
         path = os.path.join(standby.data, "snowflake.state")
         with open(path, "w") as f:
             f.write("{damaged")
-        time.sleep(0.3)
+        primary.wait_lease_passed()
         primary.one("SELECT snowflake_next()")  # a new lease record
         primary.sql("CREATE TABLE flush_me ()")  # a commit flushes it to the standby
         deadline = time.monotonic() + 20
