@@ -19,7 +19,7 @@ use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::durable::{
     self, AdoptedOrigin, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
 };
-use snowflake_core::generator::{Generator, Resumed};
+use snowflake_core::generator::Generator;
 use snowflake_core::layout::{Epoch, EpochMs, UnixMs};
 use snowflake_core::secrets::redacted;
 use snowflake_core::settings::{check_epoch_at, Config, WorkerId};
