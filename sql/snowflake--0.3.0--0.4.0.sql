@@ -26,7 +26,11 @@ COMMENT ON FUNCTION @extschema@.snowflake_widen_foreign_key_column(oid, text, oi
 -- (and its partitions and inheritors) must be the caller's own, and a referencing column in
 -- another role's table is refused, naming the table, unless include_others_tables: then it is
 -- widened as its owner, in a security-restricted operation
--- (snowflake_widen_foreign_key_column()).
+-- (snowflake_widen_foreign_key_column()). A referencing table whose partitions or inheritors
+-- have other owners is refused: altering it would run their code as its owner.
+-- The extension's own functions are found by OID (members of the extension, owned by a
+-- superuser), never by schema name: the owner of the extension's schema can rename it and
+-- create look-alikes under the old name.
 CREATE FUNCTION @extschema@.snowflake_convert_column(tbl regclass, col name, include_others_tables boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql STRICT
@@ -40,7 +44,11 @@ DECLARE
     fk_columns   name[];
     fk_owners    oid[];
     fk_inherited boolean[];
+    fk_mixed     pg_catalog.regclass[];
     foreign_owner record;
+    next_fn      pg_catalog.regproc;
+    from_ts_fn   pg_catalog.regproc;
+    widen_fn     pg_catalog.regproc;
     max_value  bigint;
     first_new  bigint;
     rel_kind   "char";
@@ -55,6 +63,24 @@ BEGIN
         RAISE EXCEPTION '% is not a table', tbl
             USING ERRCODE = 'wrong_object_type',
                   HINT = 'snowflake_convert_column() converts a column of an ordinary or partitioned table.';
+    END IF;
+
+    SELECT pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_next' AND p.pronargs OPERATOR(pg_catalog.=) 0),
+           pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_from_timestamp'),
+           pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_widen_foreign_key_column')
+      INTO next_fn, from_ts_fn, widen_fn
+      FROM pg_catalog.pg_extension e
+      JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'
+           AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+      JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.objid
+      JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner AND o.rolsuper
+     WHERE e.extname OPERATOR(pg_catalog.=) 'snowflake';
+    IF next_fn IS NULL OR from_ts_fn IS NULL OR widen_fn IS NULL THEN
+        RAISE EXCEPTION 'the snowflake extension''s functions are missing or altered'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'snowflake_convert_column() calls snowflake_next(), snowflake_from_timestamp() and snowflake_widen_foreign_key_column() as members of the extension owned by a superuser.',
+                  HINT = 'Run ALTER EXTENSION snowflake UPDATE, or recreate the extension.';
     END IF;
 
     -- The table and everything that inherits from it must be the current role's own.
@@ -102,7 +128,7 @@ BEGIN
         kind := 'identity';
     ELSIF att.default_expr LIKE 'nextval(%' THEN
         kind := 'sequence';
-    ELSIF att.default_expr OPERATOR(pg_catalog.=) ('@extschema@.snowflake_next()'::pg_catalog.regprocedure::pg_catalog.regproc::pg_catalog.text OPERATOR(pg_catalog.||) '()') THEN
+    ELSIF att.default_expr OPERATOR(pg_catalog.=) (next_fn::pg_catalog.text OPERATOR(pg_catalog.||) '()') THEN
         -- Compared by OID (regproc prints it as pg_get_expr does): a snowflake_next() of
         -- another schema is not ours.
         RAISE NOTICE 'column "%" of relation % already defaults to snowflake_next()', col, tbl;
@@ -122,12 +148,23 @@ BEGIN
     SELECT COALESCE(pg_catalog.array_agg(c.conrelid::pg_catalog.regclass), '{}'),
            COALESCE(pg_catalog.array_agg(a.attname), '{}'),
            COALESCE(pg_catalog.array_agg(r.relowner), '{}'),
-           COALESCE(pg_catalog.array_agg(a.attinhcount OPERATOR(pg_catalog.>) 0 AND NOT r.relispartition), '{}')
-      INTO fk_rels, fk_columns, fk_owners, fk_inherited
+           COALESCE(pg_catalog.array_agg(a.attinhcount OPERATOR(pg_catalog.>) 0 AND NOT r.relispartition), '{}'),
+           COALESCE(pg_catalog.array_agg(mixed.rel), '{}')
+      INTO fk_rels, fk_columns, fk_owners, fk_inherited, fk_mixed
       FROM pg_catalog.pg_constraint c
       CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(c.confkey), pg_catalog.unnest(c.conkey)) AS k(ref_att, own_att)
       JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.conrelid AND a.attnum OPERATOR(pg_catalog.=) k.own_att
       JOIN pg_catalog.pg_class r ON r.oid OPERATOR(pg_catalog.=) c.conrelid
+      -- A partition or inheritor of the referencing table with another owner, if any.
+      LEFT JOIN LATERAL (
+            WITH RECURSIVE tree(rel) AS (
+                SELECT c.conrelid
+                UNION
+                SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree t ON i.inhparent OPERATOR(pg_catalog.=) t.rel)
+            SELECT t.rel::pg_catalog.regclass AS rel
+              FROM tree t JOIN pg_catalog.pg_class d ON d.oid OPERATOR(pg_catalog.=) t.rel
+             WHERE d.relowner OPERATOR(pg_catalog.<>) r.relowner
+             LIMIT 1) mixed ON true
      WHERE c.contype OPERATOR(pg_catalog.=) 'f' AND c.confrelid OPERATOR(pg_catalog.=) tbl
        AND k.ref_att OPERATOR(pg_catalog.=) att.attnum
        AND c.conparentid OPERATOR(pg_catalog.=) 0
@@ -138,6 +175,14 @@ BEGIN
                 USING ERRCODE = 'feature_not_supported',
                       DETAIL = pg_catalog.format('Its foreign key references %s.%I, which becomes bigint; the column is inherited from a parent table.', tbl, col),
                       HINT = pg_catalog.format('Widen the column on the topmost parent table (ALTER TABLE ... ALTER COLUMN %I TYPE bigint), then call snowflake_convert_column() again.', fk_columns[i]);
+        END IF;
+        IF fk_mixed[i] IS NOT NULL THEN
+            RAISE EXCEPTION 'relation % has owners other than role %: relation % is owned by role %',
+                            fk_rels[i], fk_owners[i]::pg_catalog.regrole, fk_mixed[i],
+                            (SELECT m.relowner::pg_catalog.regrole FROM pg_catalog.pg_class m WHERE m.oid OPERATOR(pg_catalog.=) fk_mixed[i])
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = pg_catalog.format('Column %I of relation %s references %s.%I and must become bigint; altering it alters its partitions and inheritors too, which would run their owners'' code with the rights of the role that alters it.', fk_columns[i], fk_rels[i], tbl, col),
+                      HINT = pg_catalog.format('Give every table of that tree one owner, or let the owners widen the column themselves (ALTER TABLE %s ALTER COLUMN %I TYPE bigint), then call snowflake_convert_column() again.', fk_rels[i], fk_columns[i]);
         END IF;
         IF fk_owners[i] OPERATOR(pg_catalog.<>) me AND NOT include_others_tables THEN
             RAISE EXCEPTION 'column "%" of relation % references %.%, but relation % is owned by role %',
@@ -151,7 +196,7 @@ BEGIN
 
     -- Existing values must stay below the IDs that will follow them.
     EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I)::bigint FROM %s', col, tbl) INTO max_value;
-    first_new := @extschema@.snowflake_from_timestamp(pg_catalog.clock_timestamp());
+    EXECUTE pg_catalog.format('SELECT %s(pg_catalog.clock_timestamp())', from_ts_fn) INTO first_new;
     IF max_value OPERATOR(pg_catalog.>=) first_new THEN
         RAISE EXCEPTION 'existing values of column "%" of relation % reach the snowflake ID range', col, tbl
             USING ERRCODE = 'numeric_value_out_of_range',
@@ -181,12 +226,13 @@ BEGIN
         IF fk_owners[i] OPERATOR(pg_catalog.=) me THEN
             EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', fk_rels[i], fk_columns[i]);
         ELSE
-            PERFORM @extschema@.snowflake_widen_foreign_key_column(fk_rels[i]::pg_catalog.oid, fk_columns[i]::pg_catalog.text, tbl::pg_catalog.oid);
+            EXECUTE pg_catalog.format('SELECT %s($1, $2, $3)', widen_fn)
+                USING fk_rels[i]::pg_catalog.oid, fk_columns[i]::pg_catalog.text, tbl::pg_catalog.oid;
         END IF;
         RAISE NOTICE 'widened %.% to bigint', fk_rels[i], fk_columns[i];
     END LOOP;
 
-    EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT @extschema@.snowflake_next()', tbl, col);
+    EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s()', tbl, col, next_fn);
 END
 $convert$;
 COMMENT ON FUNCTION @extschema@.snowflake_convert_column(regclass, name, boolean) IS

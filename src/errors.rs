@@ -548,10 +548,22 @@ pub fn bad_count(what: &str, n: i32, max: i32) -> SnowflakeError {
 pub fn unknown_layout(name: &str, known: &[&str]) -> SnowflakeError {
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        format!("unknown snowflake layout \"{name}\""),
+        format!("unknown snowflake layout \"{}\"", abbreviated(name)),
         format!("Known layouts: {}.", known.join(", ")),
         "Pass one of the known layout names.",
     )
+}
+
+/// The longest user input a message quotes whole (characters).
+const QUOTED_INPUT_CHARS: usize = 64;
+
+/// `input` as a message quotes it: whole when short, else its first characters and an
+/// ellipsis (a message must not carry, or take long to build from, a 1 GB argument).
+fn abbreviated(input: &str) -> String {
+    match input.char_indices().nth(QUOTED_INPUT_CHARS) {
+        None => input.to_string(),
+        Some((end, _)) => format!("{}...", &input[..end]),
+    }
 }
 
 /// Decode-side: an infinite timestamp.

@@ -18,6 +18,7 @@
 //! (a parallel `CREATE TABLE AS` calls `snowflake_next()` in its leader and workers).
 
 use std::ffi::CStr;
+use std::ops::ControlFlow;
 
 use pgrx::pg_sys;
 
@@ -50,44 +51,25 @@ pub(crate) fn rows() -> Result<Vec<OriginRow>, SnowflakeError> {
         };
         let system_identifier = column(relid, SYSTEM_IDENTIFIER)?;
         let epoch_unix_ms = column(relid, EPOCH_UNIX_MS)?;
-        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let desc = (*rel).rd_att;
-        // No snapshot given: a registered catalog snapshot, which parallel workers may take.
-        let scan = pg_sys::systable_beginscan(
-            rel,
-            pg_sys::InvalidOid,
-            false,
-            std::ptr::null_mut(),
-            0,
-            std::ptr::null_mut(),
-        );
         let mut rows = Vec::new();
-        let mut invalid = None;
-        loop {
-            pg_sys::check_for_interrupts!();
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
+        let invalid = scan(relid, |tuple, desc| {
             let (mut sysid_null, mut epoch_null) = (false, false);
             let sysid = pg_sys::heap_getattr(tuple, system_identifier, desc, &mut sysid_null);
             let epoch = pg_sys::heap_getattr(tuple, epoch_unix_ms, desc, &mut epoch_null);
             if sysid_null || epoch_null {
-                continue;
+                return ControlFlow::Continue(());
             }
             let epoch = epoch.value() as i64;
             if Epoch::from_unix_ms(epoch).is_none() {
-                invalid = Some(epoch);
-                break;
+                return ControlFlow::Break(epoch);
             }
             rows.push(OriginRow {
                 // The SQL bigint holds the unsigned identifier's bits.
                 system_identifier: sysid.value() as u64,
                 epoch_unix_ms: epoch,
             });
-        }
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            ControlFlow::Continue(())
+        });
         match invalid {
             Some(epoch) => Err(errors::origin_row_invalid(epoch)),
             None => Ok(rows),
@@ -129,10 +111,31 @@ unsafe fn trusted_table() -> Option<pg_sys::Oid> {
 unsafe fn extension_schema(extension: pg_sys::Oid) -> Option<pg_sys::Oid> {
     unsafe {
         // pg_extension holds a row per installed extension: a scan is a handful of rows.
-        let rel = pg_sys::table_open(
-            pg_sys::ExtensionRelationId,
-            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-        );
+        scan(pg_sys::ExtensionRelationId, |tuple, _| {
+            let form = pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_extension;
+            if (*form).oid == extension {
+                ControlFlow::Break((*form).extnamespace)
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+    }
+}
+
+/// Calls `visit` with every tuple of the table `relid` and its descriptor until it breaks,
+/// and returns what it broke with. Reads with the table access functions under
+/// AccessShareLock and a registered catalog snapshot (no SPI: this runs inside parallel
+/// operations too), servicing interrupts between tuples.
+///
+/// # Safety
+/// Inside a transaction; `visit` gets tuples valid until it returns.
+unsafe fn scan<B>(
+    relid: pg_sys::Oid,
+    mut visit: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc) -> ControlFlow<B>,
+) -> Option<B> {
+    unsafe {
+        let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let desc = (*rel).rd_att;
         let scan = pg_sys::systable_beginscan(
             rel,
             pg_sys::InvalidOid,
@@ -141,21 +144,21 @@ unsafe fn extension_schema(extension: pg_sys::Oid) -> Option<pg_sys::Oid> {
             0,
             std::ptr::null_mut(),
         );
-        let mut schema = None;
+        let mut found = None;
         loop {
+            pg_sys::check_for_interrupts!();
             let tuple = pg_sys::systable_getnext(scan);
             if tuple.is_null() {
                 break;
             }
-            let form = pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_extension;
-            if (*form).oid == extension {
-                schema = Some((*form).extnamespace);
+            if let ControlFlow::Break(value) = visit(tuple, desc) {
+                found = Some(value);
                 break;
             }
         }
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        schema
+        found
     }
 }
 

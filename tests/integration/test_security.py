@@ -514,6 +514,70 @@ class ConvertColumnEscalation(SecurityCase):
         with self.pg.connect(self.db) as su:
             self.assertEqual(self.column_type(su, "customers", "id"), "integer")
 
+    def test_others_partitions_and_inheritors_under_own_referencing_tables(self):
+        # Found by an adversarial review: the caller's own referencing table is altered
+        # directly, and PostgreSQL carries the change down to its partitions and inheritors;
+        # one of mallory's there ran her CHECK as the superuser. Refused, with or without
+        # the opt-in: the tree mixes owners.
+        with self.pg.connect(self.db) as su:
+            su.execute("CREATE TABLE acct (id serial PRIMARY KEY)")
+            su.execute("INSERT INTO acct DEFAULT VALUES")
+            su.execute("CREATE TABLE parted (acct_id int REFERENCES acct(id), k int) PARTITION BY RANGE (k)")
+            su.execute("CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100)")
+            su.execute("ALTER TABLE parted_1 OWNER TO mallory")
+            su.execute("CREATE TABLE inh_parent (acct_id int REFERENCES acct(id))")
+            su.execute("CREATE TABLE inh_child () INHERITS (inh_parent)")
+            su.execute("ALTER TABLE inh_child OWNER TO mallory")
+            su.execute("INSERT INTO parted VALUES (1, 1)")
+            su.execute("INSERT INTO inh_child VALUES (1)")
+        with connect(self.pg, "mallory", self.db) as m:
+            m.execute("ALTER TABLE parted_1 ADD CHECK (public.its_function(acct_id))")
+            m.execute("ALTER TABLE inh_child ADD CHECK (public.its_function(acct_id))")
+        with self.pg.connect(self.db) as su:
+            su.execute("TRUNCATE calls")  # adding the CHECKs checked the rows, as mallory
+            for opt_in in ("false", "true"):
+                with self.subTest(include_others_tables=opt_in):
+                    e = self.failing(su, f"SELECT snowflake_convert_column('acct', 'id', {opt_in})")
+                    self.assertEqual(e.sqlstate, "42501")
+                    self.assertRegex(e.diag.message_primary, r"parted_1|inh_child")
+                    self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
+                    self.assertEqual(su.execute("SELECT count(*) FROM calls").fetchone()[0], 0,
+                                     "mallory's function ran during a refused conversion")
+                    self.assertEqual(self.column_type(su, "acct", "id"), "integer")
+
+    def test_a_renamed_extension_schema_cannot_lend_its_name(self):
+        # Found by an adversarial review: the database owner owns the extension's schema (a
+        # trusted install into public), renames it and creates look-alikes of the extension's
+        # functions under the old name. The converter finds its own functions by OID.
+        self.pg.sql("CREATE ROLE dbowner_r LOGIN")
+        self.pg.sql("CREATE DATABASE renamed OWNER dbowner_r")
+        self.addCleanup(lambda: self.pg.sql("DROP DATABASE renamed"))
+        with connect(self.pg, "dbowner_r", "renamed") as o:
+            o.execute("CREATE EXTENSION snowflake")
+        with self.pg.connect("renamed") as su:
+            su.execute("CREATE SCHEMA app")
+            su.execute("CREATE TABLE app.t (id serial PRIMARY KEY)")
+            su.execute("INSERT INTO app.t DEFAULT VALUES")
+        with connect(self.pg, "dbowner_r", "renamed") as o:
+            o.execute("ALTER SCHEMA public RENAME TO public_old")
+            o.execute("CREATE SCHEMA public")
+            o.execute("CREATE TABLE public.calls (who text)")
+            o.execute("GRANT INSERT ON public.calls TO PUBLIC")
+            for fn, args, body in (("snowflake_from_timestamp", "timestamptz", "public_old.snowflake_from_timestamp($1)"),
+                                   ("snowflake_next", "", "public_old.snowflake_next()"),
+                                   ("snowflake_widen_foreign_key_column", "oid, text, oid", "NULL")):
+                o.execute(f"""CREATE FUNCTION public.{fn}({args}) RETURNS bigint LANGUAGE plpgsql AS $$
+                              BEGIN INSERT INTO public.calls VALUES (current_user); RETURN {body}; END $$""")
+        with self.pg.connect("renamed") as su:
+            state, e = self.outcome(su, "SELECT public_old.snowflake_convert_column('app.t', 'id')")
+            self.assertIsNone(state, e)
+            self.assertEqual(su.execute("SELECT count(*) FROM public.calls").fetchone()[0], 0,
+                             "the converter called a look-alike")
+            default = su.execute("""SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef
+                                     WHERE adrelid = 'app.t'::regclass""").fetchone()[0]
+            self.assertEqual(default, "public_old.snowflake_next()")
+        self.assertFalse(self.pg.one("SELECT rolsuper FROM pg_roles WHERE rolname = 'dbowner_r'"))
+
     def test_own_tables_convert_without_opting_in(self):
         with self.pg.connect(self.db) as su:
             su.execute("CREATE TABLE own_parent (id serial PRIMARY KEY)")
