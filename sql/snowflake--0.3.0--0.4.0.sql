@@ -182,7 +182,7 @@ BEGIN
                             (SELECT m.relowner::pg_catalog.regrole FROM pg_catalog.pg_class m WHERE m.oid OPERATOR(pg_catalog.=) fk_mixed[i])
                 USING ERRCODE = 'insufficient_privilege',
                       DETAIL = pg_catalog.format('Column %I of relation %s references %s.%I and must become bigint; altering it alters its partitions and inheritors too, which would run their owners'' code with the rights of the role that alters it.', fk_columns[i], fk_rels[i], tbl, col),
-                      HINT = pg_catalog.format('Give every table of that tree one owner, or let the owners widen the column themselves (ALTER TABLE %s ALTER COLUMN %I TYPE bigint), then call snowflake_convert_column() again.', fk_rels[i], fk_columns[i]);
+                      HINT = pg_catalog.format('Give every table of the tree under %s one owner (ALTER TABLE ... OWNER TO), after checking its code, then call snowflake_convert_column() again.', fk_rels[i]);
         END IF;
         IF fk_owners[i] OPERATOR(pg_catalog.<>) me AND NOT include_others_tables THEN
             RAISE EXCEPTION 'column "%" of relation % references %.%, but relation % is owned by role %',

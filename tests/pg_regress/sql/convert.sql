@@ -120,6 +120,14 @@ SELECT snowflake_convert_column('theirs.own', 'id');
 -- The helper widens only a referencing column of a table the caller owns.
 SELECT snowflake_widen_foreign_key_column('theirs.own'::regclass, 'id', 'mine'::regclass);
 \echo SQLSTATE :SQLSTATE
+-- A referencing table with a partition of another role: refused, with or without the opt-in.
+CREATE TABLE mine2 (id serial PRIMARY KEY);
+CREATE TABLE refs2 (k integer REFERENCES mine2, p int) PARTITION BY RANGE (p);
+CREATE TABLE refs2_1 PARTITION OF refs2 FOR VALUES FROM (0) TO (10);
+ALTER TABLE refs2_1 OWNER TO convert_other;
+SELECT snowflake_convert_column('mine2', 'id', include_others_tables => true);
+\echo SQLSTATE :SQLSTATE
+DROP TABLE refs2, mine2;
 DROP SCHEMA theirs CASCADE;
 DROP TABLE mine;
 DROP ROLE convert_other;
