@@ -17,9 +17,10 @@ use crate::errors;
 
 /// Widens `column` of `referencing` to bigint, as the table's owner, in a security-restricted
 /// operation with `search_path` pinned. Allowed only where `column` is in a foreign key of
-/// `referencing` to `referenced`, has type smallint or integer, and the current role has the
-/// privileges of `referenced`'s owner: what `snowflake_convert_column(...,
-/// include_others_tables => true)` needs, and nothing more.
+/// `referencing` to `referenced`, has type smallint or integer, every partition and
+/// inheritor of `referencing` has its owner, and the current role has the privileges of
+/// `referenced`'s owner: what `snowflake_convert_column(..., include_others_tables => true)`
+/// needs, and nothing more.
 ///
 /// VOLATILE (DDL), PARALLEL UNSAFE (DDL cannot run in a parallel worker).
 #[pg_extern(volatile, strict, parallel_unsafe)]
@@ -43,6 +44,17 @@ fn snowflake_widen_foreign_key_column(
                 AND a.attnum OPERATOR(pg_catalog.=) ANY (k.conkey)
           WHERE c.oid OPERATOR(pg_catalog.=) $1 AND a.attname OPERATOR(pg_catalog.=) $3::pg_catalog.name
             AND a.atttypid IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype)
+            -- Every partition and inheritor has the table's owner: the ALTER recurses into
+            -- them, and would run another owner's code as this one (a superuser owner
+            -- bypasses PostgreSQL's own ownership check there).
+            AND NOT EXISTS (
+                WITH RECURSIVE tree(rel) AS (
+                    SELECT c.oid
+                    UNION
+                    SELECT i.inhrelid FROM pg_catalog.pg_inherits i
+                      JOIN tree t ON i.inhparent OPERATOR(pg_catalog.=) t.rel)
+                SELECT FROM tree t JOIN pg_catalog.pg_class d ON d.oid OPERATOR(pg_catalog.=) t.rel
+                 WHERE d.relowner OPERATOR(pg_catalog.<>) c.relowner)
           LIMIT 1",
         &[referencing.into(), referenced.into(), column.into()],
     );

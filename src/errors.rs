@@ -517,7 +517,7 @@ pub fn adopted_origins(
 pub fn not_a_referencing_column(column: &str) -> SnowflakeError {
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        format!("column \"{column}\" is not a smallint or integer column of a foreign key to the referenced table"),
+        format!("column \"{column}\" is not a smallint or integer column of a foreign key to the referenced table, in a table whose partitions and inheritors share its owner"),
         "snowflake_widen_foreign_key_column() widens only a referencing column that snowflake_convert_column() must widen.",
         "Call snowflake_convert_column() on the referenced table instead.",
     )

@@ -545,6 +545,34 @@ class ConvertColumnEscalation(SecurityCase):
                                      "mallory's function ran during a refused conversion")
                     self.assertEqual(self.column_type(su, "acct", "id"), "integer")
 
+    def test_the_widening_helper_refuses_mixed_owner_trees(self):
+        # The helper is callable by anyone who owns the referenced table. Asked directly to
+        # widen a superuser's referencing table with a partition of mallory's, it would run
+        # as the superuser, which bypasses PostgreSQL's ownership check on the partition,
+        # and mallory's CHECK would run as the superuser.
+        self.pg.sql("CREATE ROLE bob_w LOGIN")
+        self.addCleanup(lambda: self.pg.sql(f"DROP OWNED BY bob_w CASCADE; DROP ROLE bob_w", dbname=self.db))
+        with self.pg.connect(self.db) as su:
+            su.execute("CREATE TABLE bob_acct (id serial PRIMARY KEY)")
+            su.execute("ALTER TABLE bob_acct OWNER TO bob_w")
+            su.execute("INSERT INTO bob_acct DEFAULT VALUES")
+            su.execute("CREATE TABLE su_orders (acct_id int REFERENCES bob_acct(id), k int) PARTITION BY RANGE (k)")
+            su.execute("CREATE TABLE su_orders_1 PARTITION OF su_orders FOR VALUES FROM (0) TO (100)")
+            su.execute("ALTER TABLE su_orders_1 OWNER TO mallory")
+            su.execute("INSERT INTO su_orders VALUES (1, 1)")
+        with connect(self.pg, "mallory", self.db) as m:
+            m.execute("ALTER TABLE su_orders_1 ADD CHECK (public.its_function(acct_id))")
+        with self.pg.connect(self.db) as su:
+            su.execute("TRUNCATE calls")
+        with connect(self.pg, "bob_w", self.db) as bob:
+            e = self.failing(bob, """SELECT snowflake_widen_foreign_key_column(
+                                         'su_orders'::regclass, 'acct_id', 'bob_acct'::regclass)""")
+            self.assertEqual(e.sqlstate, "22023")
+        self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
+        with self.pg.connect(self.db) as su:
+            self.assertEqual(su.execute("SELECT count(*) FROM calls").fetchone()[0], 0)
+            self.assertEqual(self.column_type(su, "su_orders", "acct_id"), "integer")
+
     def test_a_renamed_extension_schema_cannot_lend_its_name(self):
         # Found by an adversarial review: the database owner owns the extension's schema (a
         # trusted install into public), renames it and creates look-alikes of the extension's
