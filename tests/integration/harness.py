@@ -32,6 +32,25 @@ def _faketime_lib():
 
 FAKETIME_LIB = _faketime_lib()
 
+CLOCK_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clockshim",
+                                 "clockshim.c")
+CLOCK_OFFSET_BYTES = 32  # the shim's offset file: a number of ms padded to this size
+
+
+def clock_shim_lib():
+    """Builds tests/clockshim (once per run) and returns the path of the library. It shifts
+    CLOCK_REALTIME of every process of a server, background workers included, which
+    libfaketime does not reach under PostgreSQL 15."""
+    os.makedirs(BASE, exist_ok=True)
+    lib = os.path.join(BASE, "clockshim.so")
+    if not os.path.exists(lib):
+        tmp = f"{lib}.{os.getpid()}"
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", tmp, CLOCK_SHIM_SOURCE, "-ldl"],
+                       check=True)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, lib)
+    return lib
+
 _next_port = [55500]
 
 
@@ -121,6 +140,22 @@ class Cluster:
             # A real clock step (NTP, an operator) moves CLOCK_REALTIME only.
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         }
+
+    def use_clock_shim(self, shift_ms=0):
+        """Runs the server under tests/clockshim: its wall clock (every process, background
+        workers included) is shifted by `shift_ms`, changeable while it runs."""
+        self.clock_file = os.path.join(self.dir, "clock-offset")
+        self.shift_clock_ms(shift_ms)
+        self.env = {"LD_PRELOAD": clock_shim_lib(), "SNOWFLAKE_CLOCK_OFFSET_FILE": self.clock_file}
+
+    def shift_clock_ms(self, shift_ms):
+        """Sets the shim's offset (ms, from the real clock); takes effect at once in every
+        process of the server. Written in place: the processes map the file."""
+        text = str(int(shift_ms)).ljust(CLOCK_OFFSET_BYTES).encode()
+        mode = "r+b" if os.path.exists(self.clock_file) else "wb"
+        with open(self.clock_file, mode) as f:
+            f.write(text)
+        shutil.chown(self.clock_file, "postgres", "postgres")
 
     def set_clock_offset(self, offset):
         """Moves the server's clock, e.g. '-15s', '+0', '-500ms' is not supported: use seconds."""
