@@ -24,7 +24,7 @@ CREATE TYPE snowflake_stats_row AS (
     waits                bigint,       -- times a caller slept for the clock
     worker_id_source     text,         -- 'configuration', or 'registry' (snowflake.worker_id = auto)
     registry             text,         -- snowflake.registry without its password (registry only)
-    claim_status         text,         -- starting, held, unreachable, settling, exhausted, fenced, refused
+    claim_status         text,         -- starting, held, unreachable, settling, exhausted, fenced, refused, mark_ahead
     claim_expires_at     timestamptz   -- when the registry lets the claim go unless renewed
 );
 COMMENT ON TYPE snowflake_stats_row IS 'Row returned by snowflake_stats()';

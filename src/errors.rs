@@ -639,19 +639,18 @@ pub fn claimed(
     worker_id: u8,
     registry: &str,
     own: bool,
-    floor_unix_ms: Option<i64>,
+    floor_unix_ms: i64,
 ) -> SnowflakeError {
     let how = if own {
-        "The claim was already this server's (renewed after a crash restart or a lapse)."
-            .to_string()
+        format!(
+            "The claim was already this server's (it crash-restarted); IDs start at {} or later, as before.",
+            ms(floor_unix_ms)
+        )
     } else {
-        match floor_unix_ms {
-            Some(floor) => format!(
-                "The worker id was free; IDs start above its earlier holders' IDs, at {}.",
-                ms(floor)
-            ),
-            None => "The worker id was free, with no earlier holder recorded.".to_string(),
-        }
+        format!(
+            "The worker id was free; IDs start above its earlier holders' IDs, at {} or later.",
+            ms(floor_unix_ms)
+        )
     };
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
@@ -660,6 +659,39 @@ pub fn claimed(
         ),
         how,
         "",
+    )
+}
+
+/// The WARNING written when a granted worker id is given back because its floor is further
+/// ahead of this server's clock than a caller may wait.
+pub fn mark_ahead(
+    datacenter_id: u8,
+    worker_id: u8,
+    registry: &str,
+    floor_unix_ms: i64,
+    ahead_ms: i64,
+    usable_ms: i64,
+) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "snowflake: worker id {worker_id} in datacenter {datacenter_id} of registry {registry} has a high-water mark ahead of this server's clock"
+        ),
+        mark_ahead_detail(worker_id, floor_unix_ms, ahead_ms, usable_ms),
+        "A server whose clock ran ahead, or a registry clock that stepped back, left the mark. This server claims another worker id meanwhile; check the fleet's clock synchronization.",
+    )
+}
+
+/// The DETAIL of [`mark_ahead`], also shown to callers while no other id can be claimed.
+pub fn mark_ahead_detail(
+    worker_id: u8,
+    floor_unix_ms: i64,
+    ahead_ms: i64,
+    usable_ms: i64,
+) -> String {
+    format!(
+        "IDs of worker id {worker_id} must start at {}, {ahead_ms} ms ahead of this server's clock; a caller would wait longer than snowflake.max_clock_drift + snowflake.max_clock_wait ({usable_ms} ms) for it.",
+        ms(floor_unix_ms)
     )
 }
 
@@ -726,6 +758,12 @@ pub fn claim_unavailable(
             format!("registry {registry} refused this server a worker id"),
             detail,
             "Fix the cause named above (clock synchronization, snowflake.epoch, snowflake.registry) and restart the server if it is a setting.",
+        ),
+        ClaimStatus::MarkAhead => SnowflakeError::new(
+            code,
+            format!("registry {registry} records a high-water mark ahead of this server's clock"),
+            detail,
+            "The mark was left by a server whose clock ran ahead. IDs resume by themselves once another worker id is free or this server's clock nears the mark; check the fleet's clock synchronization.",
         ),
         ClaimStatus::Fenced => SnowflakeError::new(
             code,

@@ -19,10 +19,12 @@ use pgrx::prelude::*;
 use crate::errors;
 use crate::gucs;
 use crate::lease;
-use crate::registry::{self, ClaimReply, ClaimRequest, Registry, RenewReply};
+use crate::registry::{self, ClaimReply, ClaimRequest, Observed, Registry, RenewReply};
 use crate::server::{data_dir, monotonic_ms, now_unix_ms};
 use crate::shmem::{self, Node};
-use snowflake_core::claim::{self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted};
+use snowflake_core::claim::{
+    self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted, RequestAge,
+};
 use snowflake_core::durable::{self, LastClaim};
 use snowflake_core::layout::{UnixMs, MAX_WORKER_ID};
 use snowflake_core::secrets::redacted;
@@ -71,18 +73,20 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
     };
     let timing = gucs::claim_timing();
     let token = format!("{random}@{}", node_description());
+    let recorded = durable::read_last_claim(&data_dir()).ok().flatten();
     let mut holder = Holder {
         config,
         timing,
         uri: redacted(&uri),
         token,
         held: None,
+        known_born_unix_ms: None,
         floor_unix_ms: i64::MIN,
-        preferred: durable::read_last_claim(&data_dir())
-            .ok()
-            .flatten()
+        preferred: recorded
             .filter(|c| c.datacenter_id == config.datacenter_id)
             .map(|c| c.worker_id),
+        recorded,
+        avoided: Vec::new(),
     };
     let timeout = Duration::from_millis(timing.heartbeat_ms());
     let mut client = match registry::open(&uri, timeout) {
@@ -190,10 +194,18 @@ struct Holder {
     token: String,
     /// The held worker id and its fence.
     held: Option<(u8, Fence)>,
+    /// When the registry's incarnation began, as of its last answer to this server: a
+    /// renewal may take a claim back only if the registry lost its data since.
+    known_born_unix_ms: Option<i64>,
     /// Where this server's IDs started under the current claim (Unix ms).
     floor_unix_ms: i64,
     /// The worker id to ask for first.
     preferred: Option<u8>,
+    /// The claim file as last written (or read at start): its floor outlives every restart.
+    recorded: Option<LastClaim>,
+    /// Worker ids given back because their floor was too far ahead of this server's clock,
+    /// with that floor: not asked for again until the clock nears it.
+    avoided: Vec<(u8, i64)>,
 }
 
 impl Holder {
@@ -202,157 +214,225 @@ impl Holder {
         let started_unix_ms = now_unix_ms();
         let started_mono_ms = monotonic_ms();
         let fence = self.timing.fence(started_unix_ms, started_mono_ms);
-        let order = claim::claim_order(self.held.map(|h| h.0).or(self.preferred), MAX_WORKER_ID);
+        let usable_lead = gucs::usable_floor_lead_ms();
+        self.avoided
+            .retain(|(_, floor)| floor - started_unix_ms > usable_lead);
+        let order: Vec<u8> =
+            claim::claim_order(self.held.map(|h| h.0).or(self.preferred), MAX_WORKER_ID)
+                .into_iter()
+                .filter(|w| !self.avoided.iter().any(|(a, _)| a == w))
+                .collect();
         let request = ClaimRequest {
             datacenter_id: self.config.datacenter_id,
             order: &order,
             token: &self.token,
             ttl_ms: self.timing.ttl_ms(),
+            sent_unix_ms: started_unix_ms,
             cap_unix_ms: fence.cap_unix_ms,
             epoch_unix_ms: self.config.epoch.unix_ms(),
         };
         let heartbeat = self.timing.heartbeat_ms();
-        match self.held {
-            Some((worker_id, old)) => {
-                let may_reassert = claim::may_reassert(old, started_mono_ms);
-                match client.renew(&request, worker_id, may_reassert) {
-                    Ok((RenewReply::Renewed, sample)) => {
-                        if let Err(skew) = claim::check_skew(&sample, self.timing) {
-                            self.fence(ClaimStatus::Refused, &skew_text(skew));
-                            return heartbeat;
-                        }
-                        self.install(worker_id, fence, None);
-                        let expires = sample.to_local_ms(sample.registry_unix_ms)
-                            + self.timing.ttl_ms() as i64;
-                        self.report(ClaimStatus::Held, "", expires);
-                        heartbeat
-                    }
-                    Ok((RenewReply::Lost { holder }, _)) => {
-                        let why = match holder {
-                            Some(h) => format!(
-                                "The registry gave worker id {worker_id} to {h} after this server's claim lapsed."
-                            ),
-                            None => format!(
-                                "The registry no longer has this server's claim of worker id {worker_id}, and its fence had expired."
-                            ),
-                        };
-                        self.fence(ClaimStatus::Fenced, &why);
-                        // Claim again at once (another id, or the same once it is free).
-                        1
-                    }
-                    Err(e) => {
-                        let why = format!("Renewing the claim failed: {}", e.0);
-                        match claim::after_failed_renewal(old, monotonic_ms()) {
-                            AfterFailure::Retry => {
-                                self.note_failure(&why);
-                                (heartbeat / 2).max(100)
-                            }
-                            AfterFailure::Fence => {
-                                self.fence(ClaimStatus::Fenced, &why);
-                                (heartbeat / 2).max(100)
-                            }
-                        }
-                    }
-                }
-            }
-            None => match client.claim(&request) {
-                Ok((ClaimReply::Granted { worker_id, granted }, sample)) => {
-                    if let Err(skew) = claim::check_skew(&sample, self.timing) {
-                        // Not used: give it back at once. A free id gets its earlier mark
-                        // back, so that a cap read from a wrong clock does not make its next
-                        // holder wait; an id this server held before keeps the new cap.
-                        let high_water = match granted {
-                            Granted::Free { high_water_unix_ms } => high_water_unix_ms.unwrap_or(0),
-                            Granted::Own => fence.cap_unix_ms,
-                        };
-                        self.give_back(client, worker_id, high_water);
-                        self.report(ClaimStatus::Refused, &skew_text(skew), 0);
+        let retry = (heartbeat / 2).max(100);
+        if let Some((worker_id, old)) = self.held {
+            // Ask to take the claim back, should the registry have lost it, only while the
+            // fence holds; the registry also checks that it really lost its data.
+            let reassert = claim::may_reassert(old, started_mono_ms)
+                .then_some(self.known_born_unix_ms)
+                .flatten();
+            return match client.renew(&request, worker_id, reassert) {
+                Ok((RenewReply::Renewed, observed)) => {
+                    if let Err(skew) = claim::check_skew(&observed.sample, self.timing) {
+                        self.fence(ClaimStatus::Refused, &skew_text(skew));
                         return heartbeat;
                     }
-                    let floor = claim::claim_floor_unix_ms(granted);
-                    self.install(worker_id, fence, floor);
-                    let expires =
-                        sample.to_local_ms(sample.registry_unix_ms) + self.timing.ttl_ms() as i64;
-                    self.report(ClaimStatus::Held, "", expires);
-                    let last = LastClaim {
-                        datacenter_id: self.config.datacenter_id,
-                        worker_id,
+                    self.known_born_unix_ms = Some(observed.born_unix_ms);
+                    self.install(worker_id, fence);
+                    self.report(ClaimStatus::Held, "", expiry(&observed, self.timing));
+                    heartbeat
+                }
+                Ok((RenewReply::Lost { holder }, _)) => {
+                    let why = match holder {
+                        Some(h) => format!(
+                            "The registry gave worker id {worker_id} to {h} after this server's claim lapsed."
+                        ),
+                        None => format!(
+                            "The registry no longer has this server's claim of worker id {worker_id}, and cannot prove that it lost its data while the claim's fence held."
+                        ),
                     };
-                    if self.preferred != Some(worker_id) {
-                        if let Err(e) = durable::write_last_claim(&data_dir(), &last) {
-                            errors::claim_setup(&format!(
-                                "could not write {}: {e}",
-                                durable::CLAIM_FILE
-                            ))
-                            .warn();
-                        }
-                        self.preferred = Some(worker_id);
+                    self.fence(ClaimStatus::Fenced, &why);
+                    // Claim again at once (another id, or the same once it is free).
+                    1
+                }
+                Ok((RenewReply::Rejected(age), observed)) => {
+                    if let Err(skew) = claim::check_skew(&observed.sample, self.timing) {
+                        self.fence(ClaimStatus::Refused, &skew_text(skew));
+                        return heartbeat;
                     }
-                    errors::claimed(
-                        self.config.datacenter_id,
-                        worker_id,
-                        &self.uri,
-                        matches!(granted, Granted::Own),
-                        floor,
-                    )
-                    .log();
-                    heartbeat
-                }
-                Ok((ClaimReply::Settling { wait_ms }, _)) => {
-                    let why = format!(
-                        "The registry began {} ms ago (new, restarted or restored) and grants free worker ids only {} ms after it began, so that servers still holding claims can renew them first. It grants them in {wait_ms} ms.",
-                        self.timing.ttl_ms().saturating_sub(wait_ms),
-                        self.timing.ttl_ms()
-                    );
-                    self.report(ClaimStatus::Settling, &why, 0);
-                    wait_ms.clamp(10, heartbeat)
-                }
-                Ok((ClaimReply::Exhausted { taken }, _)) => {
-                    let why = format!(
-                        "All {taken} worker ids of datacenter {} are claimed by other servers.",
-                        self.config.datacenter_id
-                    );
-                    self.report(ClaimStatus::Exhausted, &why, 0);
-                    heartbeat
-                }
-                Ok((
-                    ClaimReply::EpochMismatch {
-                        registry_epoch_unix_ms,
-                    },
-                    _,
-                )) => {
-                    let why = format!(
-                        "The registry's fleet uses epoch {} ({registry_epoch_unix_ms} ms); this server's snowflake.epoch is {} ({} ms). One fleet must share one epoch.",
-                        snowflake_core::settings::format_unix_ms(registry_epoch_unix_ms),
-                        snowflake_core::settings::format_unix_ms(self.config.epoch.unix_ms()),
-                        self.config.epoch.unix_ms()
-                    );
-                    self.report(ClaimStatus::Refused, &why, 0);
-                    heartbeat
+                    self.failed_renewal(old, &rejected_text(age, &observed));
+                    retry
                 }
                 Err(e) => {
-                    self.report(ClaimStatus::Unreachable, &e.0, 0);
-                    (heartbeat / 2).max(100)
+                    self.failed_renewal(old, &format!("Renewing the claim failed: {}", e.0));
+                    retry
                 }
-            },
+            };
+        }
+        match client.claim(&request) {
+            Ok((
+                ClaimReply::Granted {
+                    worker_id,
+                    granted,
+                    floor_unix_ms,
+                },
+                observed,
+            )) => {
+                self.known_born_unix_ms = Some(observed.born_unix_ms);
+                if let Err(skew) = claim::check_skew(&observed.sample, self.timing) {
+                    // Not used: give it back, leaving its mark as it was.
+                    self.give_back(client, worker_id, None);
+                    self.report(ClaimStatus::Refused, &skew_text(skew), 0);
+                    return heartbeat;
+                }
+                let recorded = self
+                    .recorded
+                    .and_then(|r| r.floor_for(self.config.datacenter_id, worker_id));
+                let floor = claim::claim_floor_unix_ms(
+                    floor_unix_ms,
+                    observed.sample.received_unix_ms,
+                    recorded,
+                );
+                let ahead = floor - now_unix_ms();
+                if ahead > usable_lead {
+                    self.give_back(client, worker_id, None);
+                    self.avoided.push((worker_id, floor));
+                    let datacenter_id = self.config.datacenter_id;
+                    errors::mark_ahead(
+                        datacenter_id,
+                        worker_id,
+                        &self.uri,
+                        floor,
+                        ahead,
+                        usable_lead,
+                    )
+                    .warn();
+                    let why = errors::mark_ahead_detail(worker_id, floor, ahead, usable_lead);
+                    self.report(ClaimStatus::MarkAhead, &why, 0);
+                    // Try the other ids at once.
+                    return 1;
+                }
+                // The floor is durable before the claim is used: no restart loses it.
+                let last = LastClaim {
+                    datacenter_id: self.config.datacenter_id,
+                    worker_id,
+                    floor_unix_ms: Some(floor),
+                };
+                if let Err(e) = durable::write_last_claim(&data_dir(), &last) {
+                    self.give_back(client, worker_id, None);
+                    let why = format!("could not write {}: {e}", durable::CLAIM_FILE);
+                    errors::claim_setup(&why).warn();
+                    self.report(ClaimStatus::Refused, &why, 0);
+                    return heartbeat;
+                }
+                self.recorded = Some(last);
+                self.preferred = Some(worker_id);
+                self.raise_floor(floor);
+                self.install(worker_id, fence);
+                self.report(ClaimStatus::Held, "", expiry(&observed, self.timing));
+                errors::claimed(
+                    self.config.datacenter_id,
+                    worker_id,
+                    &self.uri,
+                    matches!(granted, Granted::Own),
+                    floor,
+                )
+                .log();
+                heartbeat
+            }
+            Ok((ClaimReply::Settling { wait_ms }, observed)) => {
+                self.known_born_unix_ms = Some(observed.born_unix_ms);
+                let why = format!(
+                    "The registry began {} ms ago (new, restarted, crash-restarted, restored or failed over) and grants free worker ids only {} ms after it began, so that servers still holding claims can renew them first. It grants them in {wait_ms} ms.",
+                    self.timing.ttl_ms().saturating_sub(wait_ms),
+                    self.timing.ttl_ms()
+                );
+                self.report(ClaimStatus::Settling, &why, 0);
+                wait_ms.clamp(10, heartbeat)
+            }
+            Ok((ClaimReply::Exhausted { taken }, _)) => {
+                let now = now_unix_ms();
+                match self.avoided.iter().min_by_key(|(_, floor)| *floor) {
+                    Some(&(worker_id, floor)) => {
+                        let why =
+                            errors::mark_ahead_detail(worker_id, floor, floor - now, usable_lead);
+                        self.report(ClaimStatus::MarkAhead, &why, 0);
+                    }
+                    None => {
+                        let why = format!(
+                            "All {taken} worker ids of datacenter {} are claimed by other servers.",
+                            self.config.datacenter_id
+                        );
+                        self.report(ClaimStatus::Exhausted, &why, 0);
+                    }
+                }
+                heartbeat
+            }
+            Ok((
+                ClaimReply::EpochMismatch {
+                    registry_epoch_unix_ms,
+                },
+                _,
+            )) => {
+                let why = format!(
+                    "The registry's fleet uses epoch {} ({registry_epoch_unix_ms} ms); this server's snowflake.epoch is {} ({} ms). One fleet must share one epoch.",
+                    snowflake_core::settings::format_unix_ms(registry_epoch_unix_ms),
+                    snowflake_core::settings::format_unix_ms(self.config.epoch.unix_ms()),
+                    self.config.epoch.unix_ms()
+                );
+                self.report(ClaimStatus::Refused, &why, 0);
+                heartbeat
+            }
+            Ok((ClaimReply::Rejected(age), observed)) => {
+                match claim::check_skew(&observed.sample, self.timing) {
+                    Err(skew) => self.report(ClaimStatus::Refused, &skew_text(skew), 0),
+                    Ok(()) => {
+                        self.report(ClaimStatus::Unreachable, &rejected_text(age, &observed), 0)
+                    }
+                }
+                retry
+            }
+            Err(e) => {
+                self.report(ClaimStatus::Unreachable, &e.0, 0);
+                retry
+            }
         }
     }
 
-    /// Hands a granted claim to the generator: pair, fence, and (for an id that was free)
-    /// the floor above its earlier holders' IDs.
-    fn install(&mut self, worker_id: u8, fence: Fence, floor_unix_ms: Option<i64>) {
-        let epoch = self.config.epoch;
+    /// A renewal failed or was not acted on: keep issuing while the fence holds.
+    fn failed_renewal(&mut self, old: Fence, why: &str) {
+        match claim::after_failed_renewal(old, monotonic_ms()) {
+            AfterFailure::Retry => self.note_failure(why),
+            AfterFailure::Fence => self.fence(ClaimStatus::Fenced, why),
+        }
+    }
+
+    /// Raises the generator's floor to `floor_unix_ms` (kept in shared memory too, so that
+    /// the generator keeps it when it loads its durable state later).
+    fn raise_floor(&mut self, floor_unix_ms: i64) {
+        let floor_ts = self.config.epoch.timestamp_or_zero(UnixMs(floor_unix_ms));
+        let mut shared = shmem::GENERATOR.exclusive();
+        shared.claim_floor = shared.claim_floor.max(floor_ts);
+        shared.generator.raise_floor(floor_ts);
+        drop(shared);
+        self.floor_unix_ms = floor_unix_ms;
+    }
+
+    /// Hands a granted claim to the generator: pair and fence.
+    fn install(&mut self, worker_id: u8, fence: Fence) {
         let node = Node {
             datacenter_id: self.config.datacenter_id,
             worker_id,
         };
         let mut shared = shmem::GENERATOR.exclusive();
-        if let Some(floor) = floor_unix_ms {
-            let floor_ts = epoch.timestamp_or_zero(UnixMs(floor));
-            shared.claim_floor = shared.claim_floor.max(floor_ts);
-            shared.generator.raise_floor(floor_ts);
-            self.floor_unix_ms = floor;
-        }
         if shared.node != node {
             // IDs under the new pair start in a later millisecond than any issued under the
             // old one: they stay above every earlier ID (and above any watermark a reader
@@ -397,9 +477,10 @@ impl Holder {
         claim.set_detail(why);
     }
 
-    /// At shutdown: stops the generator, then gives the claim back, leaving as high-water
-    /// mark the highest timestamp this server could have issued rather than its last cap,
-    /// so that the next holder (itself, after a restart) need not wait for that cap.
+    /// At shutdown: stops the generator, then gives the claim back with the highest
+    /// timestamp this server could have issued (from its generator and durable lease, never
+    /// from its clock), which the next holder (itself, after a restart) starts above instead
+    /// of the last cap.
     fn release(&mut self, client: &mut dyn Registry) {
         let Some((worker_id, _)) = self.held else {
             return;
@@ -412,16 +493,16 @@ impl Holder {
             shared.generator.revoke_lease();
             epoch.to_unix(shared.generator.position()).0
         };
-        let high_water =
+        let released =
             claim::release_high_water(position_unix_ms, lease_end_unix_ms, self.floor_unix_ms);
-        self.give_back(client, worker_id, high_water);
+        self.give_back(client, worker_id, Some(released));
     }
 
-    /// Gives `worker_id` back to the registry with `high_water` as its mark. A failure is
-    /// logged: the id then stays taken until its claim lapses.
-    fn give_back(&self, client: &mut dyn Registry, worker_id: u8, high_water: i64) {
+    /// Gives `worker_id` back to the registry (`released`: see [`Registry::release`]). A
+    /// failure is logged: the id then stays taken until its claim lapses.
+    fn give_back(&self, client: &mut dyn Registry, worker_id: u8, released: Option<i64>) {
         let datacenter_id = self.config.datacenter_id;
-        if let Err(e) = client.release(datacenter_id, worker_id, &self.token, high_water) {
+        if let Err(e) = client.release(datacenter_id, worker_id, &self.token, released) {
             errors::release_failed(
                 datacenter_id,
                 worker_id,
@@ -431,6 +512,28 @@ impl Holder {
             )
             .warn();
         }
+    }
+}
+
+/// When the registry lets the claim go unless renewed, on this server's clock.
+fn expiry(observed: &Observed, timing: ClaimTiming) -> i64 {
+    observed
+        .sample
+        .to_local_ms(observed.sample.registry_unix_ms)
+        + timing.ttl_ms() as i64
+}
+
+fn rejected_text(age: RequestAge, observed: &Observed) -> String {
+    let s = observed.sample;
+    match age {
+        RequestAge::Ahead | RequestAge::Fresh => format!(
+            "The registry did not act on the request: this server's clock read {} ms when it sent it, ahead of the registry's {} ms.",
+            s.sent_unix_ms, s.registry_unix_ms
+        ),
+        RequestAge::Stale => format!(
+            "The registry did not act on the request: it arrived {} ms after this server sent it, too late to be inside the claim's fence.",
+            s.registry_unix_ms - s.sent_unix_ms
+        ),
     }
 }
 

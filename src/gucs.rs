@@ -400,6 +400,16 @@ pub fn clock_policy() -> ClockPolicy {
     }
 }
 
+/// How far ahead of this server's clock a claimed worker id's floor may be and still be
+/// used: `snowflake.max_clock_drift` + `snowflake.max_clock_wait` (whatever
+/// `clock_behind_action` says: a claim's floor is waited for like a restart's).
+pub fn usable_floor_lead_ms() -> i64 {
+    snowflake_core::claim::ClaimTiming::usable_floor_lead_ms(
+        MAX_CLOCK_DRIFT.get() as u64,
+        MAX_CLOCK_WAIT.get() as u64,
+    )
+}
+
 /// `snowflake.sequence_start` is `random`.
 #[inline]
 pub fn random_sequence_start() -> bool {

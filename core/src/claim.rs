@@ -175,36 +175,123 @@ pub fn check_skew(sample: &ClockSample, timing: ClaimTiming) -> Result<(), SkewT
 /// How a registry granted a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Granted {
-    /// The id was held under this server's own token (a renewal, or a re-assertion after the
-    /// registry lost it): its IDs are this server's own, covered by its durable lease.
+    /// The id was held under this server's own token (a renewal after a crash restart of
+    /// this server, which keeps its postmaster and so its token).
     Own,
-    /// The id was free. `high_water_unix_ms` is the highest cap any earlier holder was granted
-    /// (None: never recorded, or lost with the registry's data, which then settled first).
-    Free {
-        /// The id's high-water mark before this claim.
-        high_water_unix_ms: Option<i64>,
-    },
+    /// The id was free.
+    Free,
 }
 
-/// Where this server's IDs must start under a claim granted as `granted` (Unix ms), if
-/// anywhere in particular: above every ID an earlier holder could have issued.
-pub fn claim_floor_unix_ms(granted: Granted) -> Option<i64> {
-    match granted {
-        Granted::Own => None,
-        Granted::Free { high_water_unix_ms } => high_water_unix_ms.map(|h| h.saturating_add(1)),
-    }
+/// Where this server's IDs must start under a claim (Unix ms): above every ID an earlier
+/// holder of the id could have issued. It is the highest of
+/// - the registry's floor for the grant (`registry_floor_unix_ms`: one above the id's
+///   high-water mark when it was granted free; for an own claim, the floor recorded then);
+/// - this server's clock when the grant arrived (`clock_unix_ms`): after the registry lost
+///   its data and settled, every cap granted before the loss is behind a clock within the
+///   allowed skew (see the module's notes), so a clock that steps back later cannot take
+///   IDs below it;
+/// - the floor this server recorded durably for the same pair before (`recorded_unix_ms`),
+///   which survives every kind of restart of this server.
+///
+/// It never goes down while the claim is held.
+pub fn claim_floor_unix_ms(
+    registry_floor_unix_ms: Option<i64>,
+    clock_unix_ms: i64,
+    recorded_unix_ms: Option<i64>,
+) -> i64 {
+    registry_floor_unix_ms
+        .unwrap_or(i64::MIN)
+        .max(clock_unix_ms)
+        .max(recorded_unix_ms.unwrap_or(i64::MIN))
 }
 
-/// The high-water mark a holder leaves when it releases its claim cleanly: the highest
-/// timestamp it could have issued (its generator's position, its durable lease end) and its
-/// starting floor, instead of its last cap, so that the next holder (often itself, after a
-/// restart) does not wait for a cap it never used.
+/// The registry's floor for a free grant: one above the id's mark. The mark is the
+/// highest cap ever granted for the id (`high_water_unix_ms`), or, when its last holder
+/// released it cleanly, what that holder recorded then (`released_unix_ms`: the highest
+/// timestamp it could have issued, from its generator, never from a clock).
+pub fn free_grant_floor_unix_ms(
+    high_water_unix_ms: Option<i64>,
+    released_unix_ms: Option<i64>,
+) -> Option<i64> {
+    released_unix_ms
+        .or(high_water_unix_ms)
+        .map(|mark| mark.saturating_add(1))
+}
+
+/// The value a holder leaves when it releases its claim cleanly: the highest timestamp it
+/// could have issued (its generator's position, its durable lease end) and its starting
+/// floor, instead of its last cap, so that the next holder (often itself, after a restart)
+/// does not wait for a cap it never used. The registry keeps the id's high-water mark as it
+/// was (marks only rise) and hands this value to the next holder as its floor instead.
 pub fn release_high_water(
     position_unix_ms: i64,
     lease_end_unix_ms: i64,
     floor_unix_ms: i64,
 ) -> i64 {
     position_unix_ms.max(lease_end_unix_ms).max(floor_unix_ms)
+}
+
+/// How a registry judges a request by the time its holder sent it (`sent_unix_ms`, the
+/// holder's clock) and the time it is acted on (`registry_unix_ms`, the registry's clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestAge {
+    /// Act on it.
+    Fresh,
+    /// The holder's clock is ahead of the registry's by more than the allowed skew: the
+    /// cap it asks to record could poison the id's mark. Nothing is written.
+    Ahead,
+    /// It arrives so late that the fence it would renew may have expired (a request held up
+    /// in the network, or a holder's clock behind by more than the allowed skew). Nothing is
+    /// written: a lapsed claim may have been granted to another server since.
+    Stale,
+}
+
+impl ClaimTiming {
+    /// Largest lead of a request's send time over the registry's clock that is acted on.
+    pub fn max_request_lead_ms(&self) -> i64 {
+        self.max_skew_ms() as i64
+    }
+
+    /// Largest age of a request (registry clock minus the holder's send time) that is acted
+    /// on: the fence a request grants lasts `fence_reach_ms` from its send, and the two clocks
+    /// may differ by `max_skew_ms`, so a request older than their difference might arrive
+    /// after its fence expired.
+    pub fn max_request_age_ms(&self) -> i64 {
+        self.fence_reach_ms() as i64 - self.max_skew_ms() as i64
+    }
+
+    /// Judges a request (see [`RequestAge`]).
+    pub fn request_age(&self, sent_unix_ms: i64, registry_unix_ms: i64) -> RequestAge {
+        if sent_unix_ms - registry_unix_ms > self.max_request_lead_ms() {
+            RequestAge::Ahead
+        } else if registry_unix_ms - sent_unix_ms > self.max_request_age_ms() {
+            RequestAge::Stale
+        } else {
+            RequestAge::Fresh
+        }
+    }
+
+    /// Whether a renewal may take back a claim the registry no longer has: only when the
+    /// registry lost its data since the holder last heard from it (its `born` moved from
+    /// `known_born_unix_ms`), and only while it still settles, when it has granted that id
+    /// to nobody. A claim that merely lapsed (the holder was cut off, or its renewal was held
+    /// up) may belong to another server by now: never taken back.
+    pub fn may_reassert(
+        &self,
+        known_born_unix_ms: i64,
+        registry_born_unix_ms: i64,
+        registry_unix_ms: i64,
+    ) -> bool {
+        registry_born_unix_ms != known_born_unix_ms
+            && self.settle_wait_ms(registry_born_unix_ms, registry_unix_ms) > 0
+    }
+
+    /// How far ahead of this server's clock a claim's floor may be and still be used: a
+    /// caller waits for it like for a restart's resume point, and that wait may not exceed
+    /// `max_clock_wait_ms` (the ID clock may lead the wall clock by `max_drift_ms`).
+    pub fn usable_floor_lead_ms(max_drift_ms: u64, max_clock_wait_ms: u64) -> i64 {
+        max_drift_ms.saturating_add(max_clock_wait_ms) as i64
+    }
 }
 
 /// Why a holder has no usable claim, as shown to callers.
@@ -226,6 +313,9 @@ pub enum ClaimStatus {
     Fenced,
     /// The registry refuses this server for good (another epoch, a clock too far off).
     Refused,
+    /// The only ids this server could claim have a high-water mark further ahead of its
+    /// clock than a caller may wait (`snowflake.max_clock_drift` + `snowflake.max_clock_wait`).
+    MarkAhead,
 }
 
 impl ClaimStatus {
@@ -239,6 +329,7 @@ impl ClaimStatus {
             ClaimStatus::Exhausted => "exhausted",
             ClaimStatus::Fenced => "fenced",
             ClaimStatus::Refused => "refused",
+            ClaimStatus::MarkAhead => "mark_ahead",
         }
     }
 }
@@ -262,9 +353,9 @@ pub fn after_failed_renewal(fence: Fence, now_mono_ms: u64) -> AfterFailure {
     }
 }
 
-/// Whether a holder may re-assert its claim when the registry no longer has it (lost data,
-/// or a manual delete): only while its fence holds, since after that the id may have been
-/// granted to another node.
+/// Whether a holder asks to re-assert its claim in a renewal, should the registry have lost
+/// it: only while its fence holds, since after that the id may have been granted to another
+/// node. The registry decides too ([`ClaimTiming::may_reassert`]).
 pub fn may_reassert(fence: Fence, now_mono_ms: u64) -> bool {
     !fence.expired(now_mono_ms)
 }
@@ -368,20 +459,38 @@ mod tests {
 
     #[test]
     fn floors() {
-        assert_eq!(claim_floor_unix_ms(Granted::Own), None);
-        assert_eq!(
-            claim_floor_unix_ms(Granted::Free {
-                high_water_unix_ms: None
-            }),
-            None
-        );
-        assert_eq!(
-            claim_floor_unix_ms(Granted::Free {
-                high_water_unix_ms: Some(41)
-            }),
-            Some(42)
-        );
+        assert_eq!(claim_floor_unix_ms(None, 100, None), 100);
+        assert_eq!(claim_floor_unix_ms(Some(200), 100, None), 200);
+        assert_eq!(claim_floor_unix_ms(Some(200), 100, Some(300)), 300);
+        assert_eq!(claim_floor_unix_ms(None, 500, Some(300)), 500);
+        assert_eq!(free_grant_floor_unix_ms(None, None), None);
+        assert_eq!(free_grant_floor_unix_ms(Some(41), None), Some(42));
+        // A clean release hands its own (lower) value to the next holder.
+        assert_eq!(free_grant_floor_unix_ms(Some(41), Some(30)), Some(31));
         assert_eq!(release_high_water(5, 9, 7), 9);
+    }
+
+    #[test]
+    fn requests_are_judged_by_their_age() {
+        // ttl 10 s: skew 2 s, reach 5 s, so at most 3 s old.
+        assert_eq!(T.request_age(1_000, 1_000), RequestAge::Fresh);
+        assert_eq!(T.request_age(3_000, 1_000), RequestAge::Fresh);
+        assert_eq!(T.request_age(3_001, 1_000), RequestAge::Ahead);
+        assert_eq!(T.request_age(1_000, 4_000), RequestAge::Fresh);
+        assert_eq!(T.request_age(1_000, 4_001), RequestAge::Stale);
+        // A day ahead is never acted on: its cap would poison the id's mark.
+        assert_eq!(T.request_age(86_400_000, 0), RequestAge::Ahead);
+    }
+
+    #[test]
+    fn reassertion_needs_a_loss_and_a_settling_registry() {
+        // Same incarnation: the claim lapsed; never taken back.
+        assert!(!T.may_reassert(500, 500, 600));
+        // Reborn at 1_000, still settling at 5_000.
+        assert!(T.may_reassert(500, 1_000, 5_000));
+        // Settled: the id may have been granted to another server.
+        assert!(!T.may_reassert(500, 1_000, 11_000));
+        assert_eq!(ClaimTiming::usable_floor_lead_ms(1_000, 10_000), 11_000);
     }
 
     #[test]
@@ -445,14 +554,36 @@ mod tests {
         }
 
         /// The high-water mark: a new holder's floor is above every timestamp the previous
-        /// holders could issue (below their caps), whatever the order of their renewals.
+        /// holders could issue (below their caps), whatever the order of their renewals and
+        /// whatever its own clock says.
         #[test]
-        fn floor_is_above_every_earlier_cap(caps in proptest::collection::vec(0i64..1i64 << 41, 1..20)) {
+        fn floor_is_above_every_earlier_cap(caps in proptest::collection::vec(0i64..1i64 << 41, 1..20),
+                                            clock in 0i64..1i64 << 41) {
             let high_water = caps.iter().copied().max();
-            let floor = claim_floor_unix_ms(Granted::Free { high_water_unix_ms: high_water }).unwrap();
+            let floor = claim_floor_unix_ms(free_grant_floor_unix_ms(high_water, None), clock, None);
             for cap in caps {
                 // Issued timestamps are below the cap.
                 prop_assert!(floor > cap - 1);
+            }
+            prop_assert!(floor >= clock);
+        }
+
+        /// A renewal held up in the network past its fence is never acted on, whatever the
+        /// two clocks read within the allowed skew: the registry's verdict "fresh" implies
+        /// that less real time than the fence's reach has passed since the send.
+        #[test]
+        fn a_fresh_request_is_inside_its_fence(ttl in MIN_CLAIM_TTL_MS..MAX_CLAIM_TTL_MS,
+                                                sent_real in 0i64..1i64 << 40,
+                                                delay in 0i64..120_000,
+                                                holder_skew in -1.0f64..1.0,
+                                                registry_skew in -1.0f64..1.0) {
+            let t = ClaimTiming::new(ttl);
+            // Each clock within half the allowed skew of real time: within the skew of each other.
+            let half = t.max_skew_ms() as f64 / 2.0;
+            let sent = sent_real + (holder_skew * half) as i64;
+            let registry_now = sent_real + delay + (registry_skew * half) as i64;
+            if t.request_age(sent, registry_now) == RequestAge::Fresh {
+                prop_assert!(delay < t.fence_reach_ms() as i64);
             }
         }
 

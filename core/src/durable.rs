@@ -608,8 +608,11 @@ pub fn write_origins(data_dir: &Path, origins: &Origins) -> io::Result<()> {
     write_json(data_dir, ORIGINS_FILE, origins)
 }
 
-/// File with the worker id this server claimed last from the registry (a preference: it asks
-/// for the same one after a restart, so that decoded IDs stay easy to read).
+/// File with the worker id this server claimed last from the registry and the floor of that
+/// claim. The id is a preference: the server asks for the same one after a restart, so that
+/// decoded IDs stay easy to read. The floor is a guarantee: it is written (fsync) before the
+/// claim is used, so a restart of any kind, crash restarts included, which lose shared memory
+/// and the registry worker, never loses where IDs under that claim must start.
 pub const CLAIM_FILE: &str = "snowflake.claim";
 
 /// The last claim, as kept in [`CLAIM_FILE`].
@@ -619,6 +622,19 @@ pub struct LastClaim {
     pub datacenter_id: u8,
     /// The claimed worker id.
     pub worker_id: u8,
+    /// Where IDs under this claim start (Unix ms); absent in files of 0.4.0 and earlier.
+    #[serde(default)]
+    pub floor_unix_ms: Option<i64>,
+}
+
+impl LastClaim {
+    /// The recorded floor of a claim of (`datacenter_id`, `worker_id`), if this file is about
+    /// that pair.
+    pub fn floor_for(&self, datacenter_id: u8, worker_id: u8) -> Option<i64> {
+        (self.datacenter_id == datacenter_id && self.worker_id == worker_id)
+            .then_some(self.floor_unix_ms)
+            .flatten()
+    }
 }
 
 /// Reads the claim file (None: absent).
@@ -686,6 +702,33 @@ mod tests {
         // Overwrite in place.
         write(&dir, &state).unwrap();
         assert_eq!(read(&dir).unwrap(), Some(state));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_claim_file_keeps_its_floor_and_reads_older_files() {
+        let dir = temp_dir("claim-file");
+        assert_eq!(read_last_claim(&dir).unwrap(), None);
+        // 0.4.0 wrote no floor.
+        fs::write(
+            dir.join(CLAIM_FILE),
+            br#"{"datacenter_id":1,"worker_id":3}"#,
+        )
+        .unwrap();
+        let old = read_last_claim(&dir).unwrap().unwrap();
+        assert_eq!(old.floor_for(1, 3), None);
+        let claim = LastClaim {
+            datacenter_id: 1,
+            worker_id: 3,
+            floor_unix_ms: Some(1_700_000_000_000),
+        };
+        write_last_claim(&dir, &claim).unwrap();
+        let read = read_last_claim(&dir).unwrap().unwrap();
+        assert_eq!(read, claim);
+        assert_eq!(read.floor_for(1, 3), Some(1_700_000_000_000));
+        // The floor is about that pair only.
+        assert_eq!(read.floor_for(1, 4), None);
+        assert_eq!(read.floor_for(2, 3), None);
         fs::remove_dir_all(&dir).unwrap();
     }
 
