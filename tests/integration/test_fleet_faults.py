@@ -1,0 +1,751 @@
+"""snowflake.worker_id = 'auto' under the faults of the fleet bug report: one test per path
+by which two nodes issued the same ID (and one liveness path). Each test injects the real
+fault (a coordinator crash restart with unflushed commits, a node's own crash restart, a
+renewal held up in the network, clock steps through tests/clockshim, an empty Redis, a Redis
+failover back to a demoted master) and asserts the product guarantee: no ID twice across
+nodes (path 6: a bounded wait or 55000; path 7: the registry also settles).
+
+Registries are touched only through the documented keys and tables, and only to set up
+(other ids held by live fake servers: Redis.hold / Coordinator.hold). Everything else is
+asserted on the IDs the nodes return and the SQLSTATEs they raise.
+
+Timing: claim_ttl is 5 s in most tests (heartbeat 1 s, fence 2.5 s, allowed skew 1 s), 2 s
+where the window needs to be short (paths 5 and 6). The other ids of the datacenter are held
+by fake live servers, so that a waiting node can only get the one id the scenario is about.
+
+A small TCP proxy (Proxy) stands between a node and its registry where the network matters:
+it can pass, drop (a partition: connections closed and refused), or hold the requests that
+match a predicate in flight and deliver them later, in order (a network that delays packets).
+"""
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import unittest
+
+import psycopg
+
+from harness import BASE, wait_until
+from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
+    wait_claimed, wait_status
+
+DC = 1
+WORKERS = 32
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+class Uri:
+    """A registry address for node(): e.g. a proxy in front of the real registry."""
+
+    def __init__(self, uri):
+        self._uri = uri
+
+    def uri(self):
+        return self._uri
+
+
+def status(c):
+    return c.one("SELECT claim_status FROM snowflake_stats()")
+
+
+def after_renewal(c, timeout=15):
+    """Returns just after the registry worker's next successful renewal (the claim's expiry
+    moves): the node then holds a fresh fence of claim_ttl / 2."""
+    with c.connect() as conn:
+        query = "SELECT claim_expires_at FROM snowflake_stats()"
+        first = conn.execute(query).fetchone()[0]
+        deadline = time.monotonic() + timeout
+        while conn.execute(query).fetchone()[0] == first:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{c.name}: no renewal in {timeout} s")
+            time.sleep(0.005)
+    return time.monotonic()
+
+
+def reserve_blocks(c, n):
+    """n blocks of 4,096 IDs (snowflake_next_block): n whole milliseconds, run ahead of the
+    clock. Returns the first ID of each block."""
+    return c.one("SELECT array_agg(snowflake_next_block(4096)) FROM generate_series(1, %s)", (n,))
+
+
+def in_blocks(block_firsts, values):
+    """How many of `values` fall in the reserved blocks: a block of 4,096 is a whole
+    millisecond of one (datacenter, worker), so an ID is in it when its top 52 bits match."""
+    keys = {b >> 12 for b in block_firsts}
+    return sum(1 for v in values if v >> 12 in keys)
+
+
+def duplicates(*lists):
+    """IDs issued more than once across (and within) the lists."""
+    seen, dup = set(), 0
+    for values in lists:
+        for v in values:
+            if v in seen:
+                dup += 1
+            else:
+                seen.add(v)
+    return dup
+
+
+def kill_a_backend(c):
+    """SIGKILL of one backend: the postmaster lives on and crash-restarts the server."""
+    restarts = c.log().count("all server processes terminated; reinitializing")
+    conn = c.connect()
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    os.kill(pid, signal.SIGKILL)
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001
+        pass
+    return restarts
+
+
+def wait_crash_restarted(c, restarts_before, timeout=30):
+    wait_until(lambda: c.log().count("all server processes terminated; reinitializing") > restarts_before,
+               timeout=timeout, what=f"{c.name}: crash restart")
+    c.one("SELECT 1")  # retries while the server recovers
+
+
+def signal_pending(pid, sig):
+    """Whether `sig` is pending for `pid` (True once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (1 << (sig - 1)):
+                    return True
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def last_claim(c):
+    """The node's last "claimed worker id" LOG line and its DETAIL (how it was granted)."""
+    lines = c.log().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if "snowflake: claimed worker id" in lines[i]:
+            return " / ".join(l.split("  ", 1)[-1] for l in lines[i:i + 2])
+    return None
+
+
+def redis_info(r, section, field):
+    for line in r.cli("INFO", section).splitlines():
+        if line.startswith(field + ":"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# a TCP proxy that can partition or delay
+
+class _Link:
+    """One proxied connection."""
+
+    def __init__(self, proxy, client, upstream):
+        self.proxy = proxy
+        self.client = client
+        self.upstream = upstream
+        self.client_open = True
+        self.holding = False
+        self.buffer = bytearray()
+        self.deliver_now = threading.Event()
+        self.delivered = threading.Event()
+
+    def run(self):
+        try:
+            self._pump()
+        except OSError:
+            pass
+        finally:
+            self.delivered.set()
+            for s in (self.client, self.upstream):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def _pump(self):
+        c, u, proxy = self.client, self.upstream, self.proxy
+        while not proxy.stopped:
+            if proxy.mode == "drop" and not self.holding:
+                return
+            if self.holding and self.deliver_now.is_set():
+                # The delayed data reaches the server now, after everything the client did
+                # since (it may have given up and closed long ago: the server still gets it).
+                u.sendall(bytes(self.buffer))
+                self.buffer.clear()
+                self.holding = False
+                if not self.client_open:
+                    u.shutdown(socket.SHUT_WR)
+                self.delivered.set()
+            watch = [u] + ([c] if self.client_open else [])
+            readable, _, _ = select.select(watch, [], [], 0.02)
+            if c in readable:
+                data = c.recv(65536)
+                if not data:
+                    self.client_open = False
+                    if not self.holding:
+                        return
+                    continue
+                with proxy.lock:
+                    if not self.holding and proxy.mode == "hold" and proxy.hold_if(bytes(data)):
+                        self.holding = True
+                        proxy.held.append(self)
+                    held = self.holding
+                    if held:
+                        self.buffer += data
+                if not held:
+                    u.sendall(data)
+            if u in readable:
+                data = u.recv(65536)
+                if not data:
+                    return
+                if self.client_open:
+                    try:
+                        c.sendall(data)
+                    except OSError:
+                        self.client_open = False
+
+    def deliver(self, timeout=5):
+        self.deliver_now.set()
+        self.delivered.wait(timeout)
+
+
+class Proxy:
+    """Between nodes and a registry on 127.0.0.1:target_port. Modes: "pass"; "drop" (every
+    connection closed, new ones refused: a partition); "hold" (a connection whose client
+    sends data matching hold_if keeps that and all its later data in flight until
+    release())."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.mode = "pass"
+        self.hold_if = lambda data: True
+        self.lock = threading.Lock()
+        self.held = []
+        self.stopped = False
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def redis_uri(self):
+        return f"'redis://127.0.0.1:{self.port}/0'"
+
+    def pg_uri(self):
+        return f"'postgresql://postgres@127.0.0.1:{self.port}/postgres'"
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.stopped or self.mode == "drop":
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=_Link(self, client, upstream).run, daemon=True).start()
+
+    def hold(self, predicate):
+        with self.lock:
+            self.hold_if = predicate
+            self.mode = "hold"
+
+    def release(self):
+        """Delivers everything held, connection by connection in the order it was held,
+        then passes everything."""
+        while True:
+            with self.lock:
+                held, self.held = self.held, []
+                if not held:
+                    self.mode = "pass"
+                    return
+            for link in held:
+                link.deliver()
+                time.sleep(0.05)
+
+    def close(self):
+        self.stopped = True
+        self.listener.close()
+
+
+class RedisServer(Redis):
+    """A redis-server with its own directory and immediate diskless full syncs, for
+    replication."""
+
+    def __init__(self):
+        super().__init__()
+        self.dir = os.path.join(BASE, f"redis{self.port}")
+
+    def start(self):
+        os.makedirs(self.dir, exist_ok=True)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
+             "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self.cli("PING", check=False) == "PONG", timeout=10, what="redis-server")
+
+    def run_id(self):
+        return redis_info(self, "server", "run_id")
+
+    def follow(self, master):
+        self.cli("REPLICAOF", "127.0.0.1", str(master.port))
+        wait_until(lambda: redis_info(self, "replication", "master_link_status") == "up"
+                   and redis_info(self, "replication", "master_sync_in_progress") == "0",
+                   timeout=20, what=f"redis {self.port} in sync with {master.port}")
+
+    def promote(self):
+        self.cli("REPLICAOF", "NO", "ONE")
+
+
+class LossyCoordinator(Coordinator):
+    """A coordinator that acknowledges commits before they are durable."""
+
+    def __init__(self):
+        super().__init__()
+        self.cluster.configure(synchronous_commit="off", wal_writer_delay="'10s'")
+
+
+# --------------------------------------------------------------------------------------
+
+class FleetFaultBase(unittest.TestCase):
+    def setUp(self):
+        self.clusters = []
+        self.writers = []
+
+    def tearDown(self):
+        for w in self.writers:
+            w.stop.set()
+        for w in self.writers:
+            w.join(5)
+        for c in self.clusters:
+            c.destroy()
+
+    def started(self, registry):
+        registry.start()
+        if isinstance(registry, Coordinator):
+            self.addCleanup(registry.cluster.destroy)
+        else:
+            if isinstance(registry, RedisServer):
+                self.addCleanup(shutil.rmtree, registry.dir, True)
+            self.addCleanup(registry.stop)
+        return registry
+
+    def proxy(self, port):
+        p = Proxy(port)
+        self.addCleanup(p.close)
+        return p
+
+    def new(self, name, registry, ttl_s, clock_ms=None, **settings):
+        extra = {"snowflake.claim_ttl": f"'{ttl_s}s'"}
+        extra.update({k.replace("__", "."): v for k, v in settings.items()})
+        c = node(f"{name}{free_port()}", registry, datacenter=DC, **extra)
+        self.clusters.append(c)
+        c.init()
+        if clock_ms is not None:
+            c.use_clock_shim(clock_ms)
+        return c
+
+    @staticmethod
+    def up(c):
+        c.start()
+        c.sql("CREATE EXTENSION IF NOT EXISTS snowflake")
+
+    def writer(self, c):
+        w = Writer(c)
+        self.writers.append(w)
+        w.start()
+        return w
+
+    @staticmethod
+    def stop_writers(*writers):
+        for w in writers:
+            w.stop.set()
+        for w in writers:
+            w.join(10)
+
+    @staticmethod
+    def hold_all_but(registry, keep):
+        for w in range(WORKERS):
+            if w != keep:
+                registry.hold(DC, w)
+
+
+# --------------------------------------------------------------------------------------
+# 1. the coordinator forgets a claim at its crash restart
+
+class CoordinatorCrashRestart(FleetFaultBase):
+
+    def test_1_crash_restart_of_the_coordinator_forgets_a_claim(self):
+        """Path 1. The coordinator runs with synchronous_commit = off (wal_writer_delay =
+        10s); node A is granted worker id w, whose row is acknowledged but not yet written;
+        a coordinator backend is killed with SIGKILL and PostgreSQL crash-restarts without
+        the row. pg_postmaster_start_time() is unchanged, so the registry must still count
+        the restart as a loss: node B (waiting for an id) must not get w while A may still
+        issue under its fence (A's link to the coordinator is cut meanwhile, as the crash
+        cuts it anyway, so that B's claim is not raced by A's re-assertion)."""
+        ttl = 5
+        coord = LossyCoordinator()
+        self.started(coord)
+        pa = self.proxy(coord.cluster.port)
+        a = self.new("a", Uri(pa.pg_uri()), ttl)
+        b = self.new("b", coord, ttl)
+        self.up(a)
+
+        def registry_row():
+            try:
+                return coord.cluster.one("SELECT count(*) FROM snowflake_registry") == 1
+            except psycopg.Error:
+                return False
+        # A's first contact made the tables and the registry row; the new registry settles.
+        wait_until(registry_row, what="the registry row")
+        for w in range(1, WORKERS):
+            coord.hold(DC, w)
+        # Everything so far is durable (an XLOG_SWITCH record is flushed at once) ...
+        coord.cluster.one("SELECT pg_switch_wal()")
+        # ... and nothing after: the WAL writer, the one process that writes asynchronous
+        # commits out, is stopped (a wal_writer_delay that has not elapsed yet).
+        walwriter = coord.cluster.one(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")
+        os.kill(walwriter, signal.SIGSTOP)
+        self.addCleanup(lambda: subprocess.run(["kill", "-CONT", str(walwriter)],
+                                               capture_output=True))
+        self.assertNotEqual(status(a), "held", "setup: A claimed before the WAL writer stopped")
+        wa = wait_claimed(a, timeout=20)
+        self.assertEqual(wa, 0)
+        wr_a = self.writer(a)
+        wr_a.running(200)
+        self.up(b)
+        wait_status(b, "exhausted")
+
+        after_renewal(a)
+        pa.mode = "drop"
+        held_since = time.monotonic()
+        # The crash: SIGKILL of a backend; the postmaster SIGQUITs the rest, the WAL writer
+        # included (it exits as soon as it runs again), and reinitializes.
+        conn = coord.cluster.connect()
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: signal_pending(walwriter, signal.SIGQUIT), timeout=10,
+                   what="the postmaster's SIGQUIT to the WAL writer")
+        os.kill(walwriter, signal.SIGCONT)
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001  (its backend was killed)
+            pass
+        coord.cluster.one("SELECT 1")  # back after crash recovery
+        try:  # for the failure message only
+            row = coord.cluster.sql(
+                "SELECT holder IS NOT NULL, expires_unix_ms FROM snowflake_claims "
+                "WHERE datacenter_id = %s AND worker_id = %s", (DC, wa))
+        except psycopg.Error as e:
+            row = str(e)
+
+        wb = wait_claimed(b, timeout=25)
+        wr_b = self.writer(b)
+        # Until A's fence has surely passed (it cannot renew), then A may talk again.
+        time.sleep(max(0.5, held_since + ttl / 2 + 0.5 - time.monotonic()))
+        pa.mode = "pass"
+        time.sleep(0.3)
+        self.stop_writers(wr_a, wr_b)
+        dup = duplicates(wr_a.got, wr_b.got)
+        self.assertEqual(dup, 0,
+                         f"{dup} duplicate IDs: A ({len(wr_a.got)} IDs, worker {wa}) and B "
+                         f"({len(wr_b.got)} IDs, worker {wb}); the row of worker {wa} after "
+                         f"the crash restart: {row or 'gone'}")
+
+
+# --------------------------------------------------------------------------------------
+# 2, 4, 6: paths through the high-water mark, on both registries
+
+class MarkScenarios:
+    make_registry = None
+
+    def test_2_claim_floor_lost_at_the_nodes_crash_restart(self):
+        """Path 2. B holds id w with its clock 0.9 s ahead (allowed skew: 1 s) and reserves
+        blocks up to its cap, then stops cleanly: the mark it leaves is above IDs it issued
+        ahead of real time. A (clock 0.9 s behind) takes the freed id with a floor above the
+        mark, kept only in shared memory and in the registry worker. One backend of A is
+        SIGKILLed before A's first ID: A crash-restarts with the same postmaster (same
+        token), gets w back as its own, and must still start above the mark."""
+        ttl = 5
+        reg = self.started(self.make_registry())
+        b = self.new("b", reg, ttl, clock_ms=900, snowflake__max_clock_drift="'3s'")
+        a = self.new("a", reg, ttl, clock_ms=-900)
+        self.up(b)
+        wb = wait_claimed(b, timeout=20)
+        self.hold_all_but(reg, wb)
+        self.up(a)
+        wait_status(a, "exhausted")
+
+        after_renewal(b)
+        blocks = reserve_blocks(b, 2200)
+        b.stop()  # releases wb, leaving a mark above its blocks
+        self.assertEqual(wait_claimed(a, timeout=15), wb)
+        restarts = kill_a_backend(a)  # before A's first ID
+        wait_crash_restarted(a, restarts)
+        self.assertEqual(wait_claimed(a, timeout=20), wb)
+        wr_a = self.writer(a)
+        time.sleep(3.5)
+        wait_until(lambda: len(wr_a.got) >= 200, timeout=20, what="IDs from A")
+        self.stop_writers(wr_a)
+        dup = in_blocks(blocks, wr_a.got)
+        self.assertEqual(dup, 0, f"{dup} of A's {len(wr_a.got)} IDs repeat IDs of B's "
+                                 f"{len(blocks)} reserved blocks (worker {wb}); A after its "
+                                 f"crash restart: {last_claim(a)}")
+
+    def test_4_clock_step_back_lowers_the_mark(self):
+        """Path 4. A holds id w and reserves blocks up to its cap; its clock then steps back
+        10 s. The clock check refuses A, but the give-back that follows must not replace
+        the mark by one computed from the wrong clock. B (clock 0.9 s behind, waiting for an
+        id) then gets w and must start above A's blocks."""
+        ttl = 5
+        reg = self.started(self.make_registry())
+        a = self.new("a", reg, ttl, clock_ms=0, snowflake__max_clock_drift="'3s'")
+        b = self.new("b", reg, ttl, clock_ms=-900)
+        self.up(a)
+        wa = wait_claimed(a, timeout=20)
+        self.hold_all_but(reg, wa)
+        self.up(b)
+        wait_status(b, "exhausted")
+        wr_b = self.writer(b)
+
+        after_renewal(a)
+        blocks = reserve_blocks(a, 2300)
+        a.shift_clock_ms(-10_000)
+        self.assertEqual(wait_claimed(b, timeout=20), wa)
+        # B's clock passes the end of A's blocks (at most 2.5 s past A's renewal, real time)
+        # within about 3.5 s.
+        time.sleep(3.5)
+        self.stop_writers(wr_b)
+        dup = in_blocks(blocks, wr_b.got)
+        self.assertEqual(dup, 0, f"{dup} of B's {len(wr_b.got)} IDs repeat IDs of A's "
+                                 f"{len(blocks)} reserved blocks (worker {wa})")
+
+    def test_6_clock_a_day_ahead_does_not_poison_the_id(self):
+        """Path 6 (liveness). A's clock jumps a day ahead: its renewal records a mark a day
+        ahead before the clock check refuses it. The next holder of that id (fresh node B,
+        max_clock_wait = 2s, statement_timeout = 30s) must not sleep in snowflake_next()
+        until statement_timeout: it uses another id, or fails quickly with 55000 naming the
+        registry and the mark; never 57014."""
+        ttl = 2
+        max_wait_s = 2
+        reg = self.started(self.make_registry())
+        a = self.new("a", reg, ttl, clock_ms=0)
+        self.up(a)
+        wa = wait_claimed(a, timeout=20)
+        before = ids(a, 100)
+        a.shift_clock_ms(86_400_000)
+        wait_status(a, "refused")
+        a.stop()
+        time.sleep(ttl + 0.5)  # A's last renewal lapses: the id is free, with A's mark
+        b = self.new("b", reg, ttl, snowflake__max_clock_wait=f"'{max_wait_s}s'")
+        self.up(b)
+        wait_until(lambda: status(b) not in ("starting", "unreachable"), timeout=15,
+                   what="B's first claim")
+        got_worker = b.one("SELECT worker_id FROM snowflake_stats()")
+        result = {}
+        conn = b.connect()
+        conn.execute("SET statement_timeout = '30s'")
+
+        def call():
+            started = time.monotonic()
+            try:
+                result["id"] = conn.execute("SELECT snowflake_next()").fetchone()[0]
+            except psycopg.Error as e:
+                result["error"] = e
+            result["s"] = time.monotonic() - started
+
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        bound = max_wait_s + 4
+        t.join(bound)
+        if t.is_alive():
+            conn.cancel()
+            t.join(10)
+            conn.close()
+            self.fail(f"snowflake_next() on B (claim status {status(b)}, worker id "
+                      f"{got_worker}; A's was {wa}) still sleeping after {bound} s "
+                      f"(max_clock_wait {max_wait_s} s); cancelled: "
+                      f"{getattr(result.get('error'), 'sqlstate', None)}")
+        conn.close()
+        if "error" in result:
+            e = result["error"]
+            text = " ".join(filter(None, [e.diag.message_primary, e.diag.message_detail]))
+            self.assertEqual(e.sqlstate, "55000", text)
+            self.assertIn("registry", text.lower())
+            self.assertTrue("mark" in text.lower() or "high-water" in text.lower()
+                            or "high water" in text.lower(), text)
+        else:
+            self.assertNotIn(result["id"], before)
+
+
+class MarkScenariosRedis(MarkScenarios, FleetFaultBase):
+    make_registry = Redis
+
+
+class MarkScenariosCoordinator(MarkScenarios, FleetFaultBase):
+    make_registry = Coordinator
+
+
+# --------------------------------------------------------------------------------------
+# 3, 5, 7: Redis
+
+class RedisFaults(FleetFaultBase):
+
+    def test_3_delayed_renewal_reasserts_a_lapsed_claim(self):
+        """Path 3. A's renewal is sent while its fence holds (so it may re-assert a claim
+        Redis lost) and is held up in the network (proxy). A fences itself, its claim lapses,
+        B (waiting) takes the id above A's mark, reserves blocks ahead (clock 0.8 s ahead),
+        and stops cleanly. Then the delayed renewal reaches Redis and finds no claim: it
+        must not give the id back to A, whose next claim would then be its own, with no
+        floor, under B's blocks (A's clock is 0.8 s behind)."""
+        ttl = 5
+        redis = self.started(Redis())
+        for w in range(1, WORKERS):
+            redis.hold(DC, w)
+        pa = self.proxy(redis.port)
+        a = self.new("a", Uri(pa.redis_uri()), ttl, clock_ms=-800)
+        b = self.new("b", redis, ttl, clock_ms=800, snowflake__max_clock_drift="'3s'")
+        self.up(a)
+        wa = wait_claimed(a, timeout=20)
+        self.up(b)
+        wait_status(b, "exhausted")
+        wr_a = self.writer(a)
+        wr_a.running(200)
+
+        after_renewal(a)
+        pa.hold(lambda data: b"EVAL" in data)  # the scripts; INFO passes
+        wait_until(lambda: status(a) in ("fenced", "unreachable"), timeout=10,
+                   what="A fencing itself")
+        self.assertEqual(wait_claimed(b, timeout=20), wa)
+        after_renewal(b)
+        blocks = reserve_blocks(b, 2000)
+        b.stop()  # releases the id
+        pa.release()  # the renewal sent with A's fence arrives now, then the rest
+        wait_claimed(a, timeout=15)
+        time.sleep(3)
+        self.stop_writers(wr_a)
+        dup = in_blocks(blocks, wr_a.got) + duplicates(wr_a.got)
+        self.assertEqual(dup, 0, f"{dup} of A's {len(wr_a.got)} IDs repeat IDs of B's "
+                                 f"{len(blocks)} reserved blocks (worker {wa}); A's last "
+                                 f"claim: {last_claim(a)}")
+
+    def test_5_redis_restarted_empty_then_new_holders_clock_steps_back(self):
+        """Path 5. Holder H (worker w) dies; Redis restarts empty and, once settled, grants w
+        to C with no mark. C's clock steps back 5 s right after the grant, before its next
+        renewal (the only place the clock is compared with Redis's). C must not issue the
+        timestamps H issued 3 s earlier."""
+        ttl = 2
+        redis = self.started(Redis())
+        for w in range(1, WORKERS):
+            redis.hold(DC, w)
+        h = self.new("h", redis, ttl)
+        c = self.new("c", redis, ttl, clock_ms=0)
+        self.up(h)
+        wh = wait_claimed(h, timeout=20)
+        self.up(c)
+        wait_status(c, "exhausted")
+        wr_h = self.writer(h)
+        wr_h.running(200)
+        time.sleep(4)  # H issues for 4 s more
+        kill_server(h)  # no release
+        self.stop_writers(wr_h)
+        redis.stop()
+        redis.start()  # empty
+        conn = c.connect()
+        self.assertEqual(wait_claimed(c, timeout=20), wh)
+        c.shift_clock_ms(-5000)
+        got_c, errors = [], []
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            try:
+                got_c.extend(conn.execute("SELECT snowflake_next_batch(50)").fetchone()[0])
+            except psycopg.Error as e:
+                errors.append(e.sqlstate)
+                time.sleep(0.02)
+        conn.close()
+        dup = duplicates(wr_h.got, got_c)
+        self.assertEqual(dup, 0, f"{dup} of C's {len(got_c)} IDs (worker {wh}, then "
+                                 f"{sorted(set(errors))}) repeat H's ({len(wr_h.got)} IDs)")
+
+    def test_7_failover_back_to_a_recorded_run_id_is_a_loss(self):
+        """Path 7. R1 is master, R2 its replica; the registry records R1's run_id. R2 is
+        promoted (a failover no node reached), B then claims its id on R1 alone; R1 is
+        demoted under R2 (a full resync drops B's claim and mark) and promoted back. Its
+        run_id is the recorded one, yet the registry lost data: it must settle (free ids
+        only claim_ttl later), so C (waiting) does not get B's id while B still issues (B's
+        link to Redis is cut meanwhile, so that B's re-assertion does not race C's claim)."""
+        ttl = 5
+        r1 = self.started(RedisServer())
+        r2 = self.started(RedisServer())
+        r2.follow(r1)
+        for w in range(1, WORKERS):
+            r1.hold(DC, w)
+        pb = self.proxy(r1.port)
+        b = self.new("b", Uri(pb.redis_uri()), ttl)
+        c = self.new("c", r1, ttl)
+        self.up(b)
+        r1_id = r1.run_id()
+        # The registry's record of R1 (its incarnation, whatever it is made of) has reached R2.
+        wait_until(lambda: r1.cli("HGET", "snowflake:registry", "run_id") != ""
+                   and r2.cli("HGET", "snowflake:registry", "run_id")
+                   == r1.cli("HGET", "snowflake:registry", "run_id")
+                   and r2.cli("EXISTS", f"snowflake:claim:{DC}:{WORKERS - 1}") == "1",
+                   what="the registry record on R2")
+        r2.promote()  # R1's writes from now on reach R2 no more
+        self.assertNotEqual(status(b), "held", "setup: B claimed before R2 was promoted")
+        wb = wait_claimed(b, timeout=20)
+        wr_b = self.writer(b)
+        wr_b.running(200)
+        self.up(c)
+        wait_status(c, "exhausted")
+
+        after_renewal(b)
+        pb.mode = "drop"
+        cut_since = time.monotonic()
+        r1.follow(r2)  # resync: B's claim and mark are gone
+        r1.promote()
+        self.assertEqual(r1.run_id(), r1_id)
+        r2.follow(r1)
+        seen = set()
+        wc = wait_claimed(c, timeout=25, seen=seen)
+        wr_c = self.writer(c)
+        time.sleep(max(0.5, cut_since + ttl / 2 + 0.5 - time.monotonic()))
+        pb.mode = "pass"
+        time.sleep(0.3)
+        self.stop_writers(wr_b, wr_c)
+        dup = duplicates(wr_b.got, wr_c.got)
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs: B ({len(wr_b.got)} IDs, worker {wb}) "
+                                 f"and C ({len(wr_c.got)} IDs, worker {wc}); C's statuses: {sorted(seen)}")
+        self.assertIn("settling", seen, "the registry did not settle after the failover back to R1")
+
+
+def tearDownModule():
+    # The clock shim's library, built in this run's directory (harness.clock_shim_lib).
+    lib = os.path.join(BASE, "clockshim.so")
+    if os.path.exists(lib):
+        os.remove(lib)
+    try:
+        os.rmdir(BASE)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    unittest.main()
