@@ -667,7 +667,10 @@ impl PgRegistry {
             Ok(value)
         })();
         if result.is_err() {
+            // Check the tables again on the next connection: a coordinator rebuilt empty (a
+            // new data directory) has none, and the nodes must not need a restart for it.
             self.client = None;
+            self.created = false;
         }
         result
     }

@@ -1,0 +1,2071 @@
+#!/usr/bin/env python3
+"""A randomized fault campaign ("chaos") for snowflake.worker_id = 'auto', with a checker.
+
+Jepsen-style: a fleet of PostgreSQL servers ("nodes") claims worker ids from one registry
+(Redis, or a PostgreSQL coordinator) in a datacenter whose other ids are held by fake live
+servers, so that ids are reused all the time. Writer threads (2 per node) take IDs
+continuously and record every acknowledged one with the real time its request was sent and
+acknowledged. Meanwhile a schedule of faults, made up front from the seed alone, is played:
+SIGKILL / SIGSTOP of backends, of the registry worker and of whole nodes, clean and immediate
+restarts, clock steps (clock shim), registry kills, empty restarts, crash restarts with
+unflushed writes, restores from old copies, and clones of running nodes started beside them.
+At the end the checker looks at the whole history:
+
+  (a) no acknowledged ID twice, across all nodes and all time;
+  (b) the IDs of each writer session strictly increase in acknowledgement order;
+  (c) per (datacenter, worker): an ID acknowledged before another ID was requested, by
+      another node, is lower (otherwise two nodes held the id at once, or a floor was wrong);
+  (d) per node: time spent refusing, errors by SQLSTATE; IDs checked; faults by kind.
+
+Besides the single faults, composite ones aim at the ways ids change hands: "handover" (a
+holder goes away, by a clean restart, a kill, a freeze or its clock stepped back, maybe after
+reserving IDs ahead of its clock and with the registry restarted empty meanwhile, while
+another node waits for an id; when that node gets the id: nothing, a crash restart, its
+clock stepped back, or both), "claim_then_crash" (a node claims anew and crash-restarts at
+once), "claim_then_registry_crash" (a node claims anew, a rival waits, the coordinator
+crash-restarts losing the claim) and "registry_empty_then_clock". The plan leaves nodes - 1,
+nodes or nodes + 1 ids free (so ids change hands often), gives most nodes a
+standing clock offset within the allowed skew, and writers sometimes reserve thousands of
+blocks at once (IDs ahead of the clock, up to the claim's cap).
+
+Usage (from tests/integration, as root, PG_BIN/PG_MAJOR/SNOWFLAKE_IT_BASE as for the tests):
+    python3 chaos.py --minutes 10 --seed 42 --registry both [--nodes 3] [--schedules K]
+    python3 chaos.py --seed 42 --registry pg --dry-run        (print the schedules only)
+    python3 chaos.py --seed 4 --minutes 1.2 --registry redis --schedules 1 --kinds handover
+Schedule i of seed S is a pure function of (S, i, registry, nodes, length, ttl, free, kinds):
+the same arguments replay the same schedule (--only I runs schedule I alone). What happens
+when it is played still depends on timing (a fault finding its node busy is skipped, and
+reported so). Exit status 1 when the checker found a duplicate or an order violation, 2 on a
+usage or setup error. Liveness (nodes not issuing again after every fault was undone) is
+reported, not failed.
+"""
+
+import argparse
+import atexit
+import bisect
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from array import array
+from collections import Counter, defaultdict
+
+import psycopg
+
+import harness
+from harness import Cluster, as_postgres
+from test_registry import TTL, Coordinator, Redis, alive, kill_server, node, wait_claimed
+
+TWITTER_EPOCH_MS = 1288834974657
+WORKERS_PER_DC = 32
+
+
+def ttl_ms_of(ttl):
+    t = ttl.strip("'")
+    if t.endswith("ms"):
+        return int(t[:-2])
+    if t.endswith("s"):
+        return int(float(t[:-1]) * 1000)
+    return int(t)
+
+
+def decode(i, epoch_ms=TWITTER_EPOCH_MS):
+    """(unix_ms, datacenter, worker, sequence) of an ID (Twitter's layout)."""
+    return ((i >> 22) + epoch_ms, (i >> 17) & 31, (i >> 12) & 31, i & 4095)
+
+
+def describe(i):
+    ms, dc, w, seq = decode(i)
+    stamp = time.strftime("%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
+    return f"{i} (ts {stamp} = {ms}, dc {dc}, worker {w}, seq {seq})"
+
+
+# ----------------------------------------------------------------------------------------
+# The schedule: a pure function of the seed
+
+NODE_KINDS = {
+    "backend_kill": 7,        # SIGKILL a writer's backend: the node crash-restarts
+    "worker_kill": 7,         # SIGKILL the registry worker: crash restart
+    "node_kill": 7,           # SIGKILL postmaster and children, down a while, start again
+    "worker_stop": 5,         # SIGSTOP the registry worker, SIGCONT later
+    "backend_stop": 4,        # SIGSTOP an issuing backend, SIGCONT later
+    "node_stop": 5,           # SIGSTOP every process of the node, SIGCONT later
+    "restart_clean": 4,       # pg_ctl stop -m fast + start
+    "restart_immediate": 5,   # pg_ctl stop -m immediate + start
+    "clock_step": 12,         # clock stepped (inside or beyond the allowed skew), back later
+    "clone": 3,               # pg_basebackup of the running node started beside it a while
+    "claim_then_crash": 4,    # whole node killed and restarted; right after its claim, SIGKILL
+                              # of a backend or the registry worker (crash restart)
+    "handover": 14,           # a holder (maybe after IDs reserved ahead of its clock) goes away
+                              # (clean restart, kill, freeze, clock stepped back, maybe with the
+                              # registry restarted empty meanwhile) while another node waits
+                              # for an id; when that one gets it: nothing, a crash restart, or
+                              # its clock stepped back
+}
+REGISTRY_KINDS = {
+    "registry_kill": 4,             # killed (unflushed writes lost), down a while, started
+    "registry_restart_clean": 2,    # stopped cleanly and started, data intact
+    "registry_restart_empty": 4,    # killed, started with nothing
+    "registry_restore_old": 3,      # killed, started from an older copy
+    "registry_snapshot": 4,         # (not a fault) a copy kept for registry_restore_old
+    "registry_empty_then_clock": 3,  # restarted empty, then a node's clock steps
+}
+PG_ONLY_KINDS = {
+    "registry_crash_unflushed": 5,   # SIGKILL of a coordinator backend: crash restart that
+                                     # loses async commits, same postmaster start time
+    "claim_then_registry_crash": 4,  # a node claims anew, then the coordinator crash-restarts
+}
+NOT_FAULTS = {"registry_snapshot"}
+
+
+class Event:
+    def __init__(self, seq, t, kind, target, params):
+        self.seq, self.t, self.kind, self.target, self.params = seq, t, kind, target, params
+
+    def as_dict(self):
+        return {"seq": self.seq, "t": self.t, "kind": self.kind, "target": self.target,
+                "params": self.params}
+
+    def __str__(self):
+        params = " ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"#{self.seq:<3} t={self.t:7.2f}s  {self.kind:26} {self.target:9} {params}"
+
+
+class Plan:
+    """Everything random about one schedule, drawn from random.Random(seed/index/...)."""
+
+    def __init__(self, seed, index, registry, nodes=3, seconds=60.0, ttl=TTL, free=None,
+                 mean_gap=3.0, only_kinds=None):
+        self.seed, self.index, self.registry, self.nodes = seed, index, registry, nodes
+        self.seconds, self.ttl = float(seconds), ttl
+        self.ttl_ms = ttl_ms_of(ttl)
+        rng = random.Random(f"snowflake-chaos/{seed}/{index}/{registry}/{nodes}/{seconds}/{ttl}")
+        self.datacenter = rng.randrange(1, 32)
+        # Ids left free: one fewer than nodes (one node always waits for an id, and takes
+        # the next one that lapses: ids change hands all the time), one per node (a clone or
+        # a restarted node waits), or one more.
+        self.free_count = free if free else max(1, rng.choice([nodes - 1, nodes - 1, nodes,
+                                                               nodes + 1]))
+        self.free_ids = sorted(rng.sample(range(WORKERS_PER_DC), self.free_count))
+        self.fake_ids = [w for w in range(WORKERS_PER_DC) if w not in self.free_ids]
+        self.node_names = [f"n{k + 1}" for k in range(nodes)]
+        # Clocks of real machines differ: most nodes run a standing offset within the allowed
+        # skew (claim_ttl / 5); some allow the ID clock further ahead of the wall clock.
+        skew = self.ttl_ms // 5
+        self.base_clock = {n: (rng.randint(-skew * 9 // 10, skew * 9 // 10)
+                               if rng.random() < 0.7 else 0) for n in self.node_names}
+        self.max_clock_drift = {n: rng.choice(["1s", "1s", "3s"]) for n in self.node_names}
+        self.writer_seeds = {f"{n}/{j}": rng.getrandbits(32) for n in self.node_names
+                             for j in range(2)}
+        self.clone_seeds = [rng.getrandbits(32) for _ in range(64)]
+        kinds = dict(NODE_KINDS)
+        kinds.update(REGISTRY_KINDS)
+        if registry == "pg":
+            kinds.update(PG_ONLY_KINDS)
+        if only_kinds:
+            kinds = {k: v for k, v in kinds.items() if k in only_kinds}
+            if not kinds:
+                raise ValueError(f"no fault kind of {sorted(only_kinds)} applies to {registry}")
+        self.kinds = kinds
+        self.events = self._events(rng, mean_gap)
+
+    def _events(self, rng, mean_gap):
+        ttl = self.ttl_ms / 1000.0
+        names, weights = zip(*sorted(self.kinds.items()))
+        events, clones = [], Counter()
+        t = 1.0
+        while True:
+            t += rng.expovariate(1.0 / mean_gap)
+            if t > self.seconds - 2:
+                break
+            # Faults alone (most), or a burst of 2-3 overlapping ones, mostly on one node.
+            burst = 1 if rng.random() < 0.7 else rng.randint(2, 3)
+            target = rng.choice(self.node_names)
+            at = t
+            for _ in range(burst):
+                kind = rng.choices(names, weights)[0]
+                if rng.random() > 0.7:
+                    target = rng.choice(self.node_names)
+                left = max(0.5, self.seconds - at)
+                p = {}
+                if kind in ("node_kill", "registry_kill"):
+                    p["down"] = round(rng.uniform(0.2, 4.0), 2)
+                elif kind in ("worker_stop", "node_stop", "backend_stop"):
+                    # Mostly past claim_ttl (the claim lapses meanwhile), sometimes shorter.
+                    lo, hi = (ttl * 1.1, ttl * 3.0) if rng.random() < 0.75 else (0.2, ttl)
+                    p["for"] = round(min(rng.uniform(lo, hi), left), 2)
+                    if kind == "backend_stop":
+                        p["writer"] = rng.randrange(2)
+                elif kind == "backend_kill":
+                    p["writer"] = rng.randrange(2)
+                elif kind in ("clock_step", "registry_empty_then_clock"):
+                    p.update(self._clock(rng, left))
+                    if kind == "registry_empty_then_clock":
+                        p["after"] = round(rng.uniform(0.0, ttl * 1.5), 2)
+                elif kind == "clone":
+                    clones[target] += 1
+                    p["name"] = f"{target}c{clones[target]}"
+                    p["life"] = round(min(rng.uniform(4.0, 20.0), max(2.0, left)), 2)
+                elif kind in ("claim_then_crash", "claim_then_registry_crash"):
+                    p["down"] = round(rng.uniform(0.1, 1.0), 2)
+                    p["delay"] = round(rng.uniform(0.0, 0.4), 2)
+                    if kind == "claim_then_crash":
+                        p["victim"] = rng.choice(["backend", "worker"])
+                    else:
+                        p["rival"] = rng.choice([n for n in self.node_names if n != target]
+                                                or [target])
+                        p["cut"] = round(rng.uniform(ttl * 0.5, ttl * 1.5), 2)
+                elif kind == "registry_crash_unflushed":
+                    p["stall"] = round(rng.uniform(0.0, 3.0), 2)
+                elif kind == "registry_restore_old":
+                    p["which"] = round(rng.random(), 3)  # 0: the oldest copy, 1: the latest
+                elif kind == "handover":
+                    p.update(self._handover(rng, left))
+                    if p["clone_of"] == target:
+                        p["clone_of"] = self.node_names[(self.node_names.index(target) + 1)
+                                                        % len(self.node_names)]
+                if kind in ("registry_restart_empty", "registry_empty_then_clock") \
+                        and self.registry == "pg":
+                    # A DBA creates the coordinator's tables again (README DDL), or not: the
+                    # nodes then have to create them.
+                    p["ddl"] = rng.random() < 0.85
+                if kind.startswith("registry_") and kind != "registry_empty_then_clock":
+                    tgt = "registry"
+                else:
+                    tgt = target
+                events.append(Event(len(events), round(at, 3), kind, tgt, p))
+                at += rng.uniform(0.0, 1.5)
+        events.sort(key=lambda e: e.t)
+        for k, e in enumerate(events):
+            e.seq = k
+        return events
+
+    def _handover(self, rng, left):
+        ttl, skew = self.ttl_ms / 1000.0, self.ttl_ms // 5
+        p = {"how": rng.choice(["clean", "kill", "freeze", "clock_back"]),
+             "ahead": rng.choice([0, rng.randint(50, 900)])}
+        if p["how"] == "kill":
+            p["down"] = round(rng.uniform(ttl * 0.5, ttl * 2.5), 2)
+        elif p["how"] == "freeze":
+            p["down"] = round(rng.uniform(ttl * 1.2, ttl * 3.0), 2)
+        elif p["how"] == "clock_back":
+            p["ms"] = -rng.randint(2 * skew, 5 * self.ttl_ms)
+            p["down"] = round(rng.uniform(ttl, ttl * 4), 2)
+        if p["how"] in ("kill", "freeze"):
+            p["empty"] = rng.random() < 0.35
+            if p["empty"] and self.registry == "pg":
+                p["ddl"] = True
+        p["then"] = rng.choice(["none", "crash_backend", "crash_worker", "clock_back",
+                                "crash_clock_back"])
+        if p["then"] in ("clock_back", "crash_clock_back"):
+            p["then_ms"] = -rng.randint(skew + skew // 4, 3 * self.ttl_ms)
+            p["then_hold"] = round(rng.uniform(0.5, 3 * ttl), 2)
+        p["watch"] = round(min(max(2.0, left), 5 * ttl + p.get("down", 0)), 2)
+        p["clone_of"] = rng.choice(self.node_names)  # the waiter, if no node waits: a clone
+        p["cold"] = rng.random() < 0.6  # of the copy taken at the start (its lease is old)
+        return p
+
+    def _clock(self, rng, left):
+        skew = self.ttl_ms // 5  # the allowed skew
+        if rng.random() < 0.4:
+            ms = rng.randint(max(10, skew // 10), max(11, skew - skew // 8))  # inside
+        else:
+            ms = rng.randint(skew + skew // 4, max(skew + skew // 4 + 1, 3 * self.ttl_ms))
+        if rng.random() < 0.55:
+            ms = -ms
+        return {"ms": ms, "hold": round(min(rng.uniform(1.0, 10.0), max(0.5, left)), 2)}
+
+    def header(self):
+        return (f"schedule {self.index}: seed={self.seed} registry={self.registry} "
+                f"nodes={self.nodes} seconds={self.seconds:g} claim_ttl={self.ttl} "
+                f"datacenter={self.datacenter} free_ids={self.free_ids} "
+                f"({len(self.fake_ids)} held by fake servers) clocks={self.base_clock} "
+                f"max_clock_drift={self.max_clock_drift} events={len(self.events)}")
+
+    def text(self):
+        return "\n".join([self.header()] + ["  " + str(e) for e in self.events])
+
+
+# ----------------------------------------------------------------------------------------
+# Processes
+
+def procs_in(datadir):
+    """Pids of the processes whose working directory is `datadir` (every PostgreSQL process
+    of that server chdirs there), including ones forked after a pgrep would have run."""
+    real = os.path.realpath(datadir)
+    found = []
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            if os.readlink(f"{d}/cwd") == real:
+                found.append(int(d[6:]))
+        except OSError:
+            pass
+    return [p for p in found if alive(p)]
+
+
+def signal_node(c, sig):
+    """test_registry.kill_server (the postmaster, then its children), then every other
+    process of the server (a child forked meanwhile, or one gone before its signal)."""
+    try:
+        pids = kill_server(c, sig)
+    except (OSError, ValueError):
+        pids = []
+    more = [p for p in procs_in(c.data) if p not in pids]
+    for p in more:
+        send(p, sig)
+    return pids + more
+
+
+def signal_pending(pid, sig):
+    """Whether `sig` is pending for `pid` (sent, not yet handled: the process is stopped)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            masks = [int(line.split()[1], 16) for line in f
+                     if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except (OSError, ValueError, IndexError):
+        return False
+    return any(m & (1 << (int(sig) - 1)) for m in masks)
+
+
+def send(pid, sig):
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def postmaster_pid(c):
+    try:
+        with open(os.path.join(c.data, "postmaster.pid")) as f:
+            return int(f.readline())
+    except (OSError, ValueError):
+        return None
+
+
+def registry_worker_pid(c):
+    """The registry worker ("postgres: snowflake registry"; not in pg_stat_activity: it has no
+    database connection)."""
+    pm = postmaster_pid(c)
+    if not pm:
+        return None
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pm)], capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        if "snowflake registry" in line:
+            return int(line.split()[0])
+    return None
+
+
+def is_postgres(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"postgres" in f.read()
+    except OSError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------
+# Registries (variants of test_registry's, with persistence, copies and fake holders)
+
+class RespClient:
+    """A minimal Redis client (RESP over a socket) for the fake holders' refresher."""
+
+    def __init__(self, port, timeout=1.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = b""
+
+    def close(self):
+        self.sock.close()
+
+    def call(self, *args):
+        out = [f"*{len(args)}\r\n".encode()]
+        for a in args:
+            b = str(a).encode()
+            out.append(f"${len(b)}\r\n".encode() + b + b"\r\n")
+        self.sock.sendall(b"".join(out))
+        return self._reply()
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("redis closed the connection")
+                self.buf += chunk
+            data, self.buf = self.buf[:n], self.buf[n + 2:]
+            return data.decode()
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+
+FAKE_REDIS_LUA = """
+local n = 0
+for i, k in ipairs(KEYS) do
+  local v = redis.call('GET', k)
+  if (not v) or v == ARGV[i + 1] then
+    redis.call('SET', k, ARGV[i + 1], 'PX', ARGV[1])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+OCCUPY_REDIS_LUA = """
+local got = {}
+for i, k in ipairs(KEYS) do
+  if redis.call('EXISTS', k) == 0 and tostring(i - 1) ~= ARGV[3] then
+    redis.call('SET', k, ARGV[1], 'PX', ARGV[2])
+    got[#got + 1] = i - 1
+  end
+end
+return got
+"""
+
+FREE_REDIS_LUA = """
+for i, k in ipairs(KEYS) do
+  if redis.call('GET', k) == ARGV[1] then redis.call('DEL', k) end
+end
+return 1
+"""
+
+
+class ChaosRedis(Redis):
+    """test_registry.Redis with its dump file in a directory of its own: copies of it can be
+    kept (SAVE), and it can be started from the current dump, an older copy, or nothing."""
+
+    kind = "redis"
+
+    def __init__(self, root):
+        super().__init__()
+        self.dir = os.path.join(root, f"redis{self.port}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.dump = os.path.join(self.dir, "dump.rdb")
+        self.copies = []
+        self.log = open(os.path.join(self.dir, "redis.log"), "ab")
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
+             "--dbfilename", "dump.rdb"],
+            stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.cli("PING", check=False) == "PONG":
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self):
+        self.stop()  # SIGKILL: what was not saved is lost
+
+    def save(self):
+        return self.cli("SAVE", check=False) == "OK"
+
+    def restart_clean(self, down):
+        self.save()
+        self.stop()
+        time.sleep(down)
+        self.start()
+
+    def restart_kill(self, down):
+        self.stop()
+        time.sleep(down)
+        self.start()  # from the last dump: everything since is lost
+
+    def restart_empty(self, down, ddl=False):
+        self.stop()
+        if os.path.exists(self.dump):
+            os.remove(self.dump)
+        time.sleep(down)
+        self.start()
+
+    def snapshot(self):
+        if not self.save():
+            return None
+        path = os.path.join(self.dir, f"copy{len(self.copies)}.rdb")
+        shutil.copyfile(self.dump, path)
+        self.copies.append(path)
+        return path
+
+    def restore(self, copy, down):
+        self.stop()
+        shutil.copyfile(copy, self.dump)
+        time.sleep(down)
+        self.start()
+
+    def make_tables(self):
+        pass
+
+    def refresh_fakes(self, state, datacenter, fake_ids, ttl_ms):
+        client = state.get("client")
+        try:
+            if client is None:
+                client = state["client"] = RespClient(self.port)
+            keys = [f"snowflake:claim:{datacenter}:{w}" for w in fake_ids]
+            tokens = [f"fake-{w}" for w in fake_ids]
+            return client.call("EVAL", FAKE_REDIS_LUA, len(keys), *keys, ttl_ms, *tokens)
+        except Exception:  # noqa: BLE001  (down or restarting: try again next round)
+            if client is not None:
+                client.close()
+            state["client"] = None
+            return None
+
+    def _eval(self, script, datacenter, *args):
+        keys = [f"snowflake:claim:{datacenter}:{w}" for w in range(WORKERS_PER_DC)]
+        try:
+            client = RespClient(self.port)
+            try:
+                return client.call("EVAL", script, len(keys), *keys, *args)
+            finally:
+                client.close()
+        except Exception:  # noqa: BLE001
+            return None
+
+    def occupy_free(self, datacenter, token, ttl_ms, exclude=-1):
+        """Claims of another server on every free id but `exclude` (not renewed). Returns
+        their ids."""
+        return self._eval(OCCUPY_REDIS_LUA, datacenter, token, ttl_ms, exclude)
+
+    def free(self, datacenter, token):
+        self._eval(FREE_REDIS_LUA, datacenter, token)
+
+    def close(self):
+        self.stop()
+        self.log.close()
+
+
+README_DDL = """
+CREATE TABLE IF NOT EXISTS snowflake_registry (
+    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    incarnation   text    NOT NULL,
+    born_unix_ms  bigint  NOT NULL,
+    epoch_unix_ms bigint  NOT NULL
+);
+CREATE TABLE IF NOT EXISTS snowflake_claims (
+    datacenter_id      integer NOT NULL,
+    worker_id          integer NOT NULL,
+    holder             text,
+    expires_unix_ms    bigint,
+    high_water_unix_ms bigint,
+    PRIMARY KEY (datacenter_id, worker_id)
+);"""
+
+FAKE_PG_UPSERT = """
+INSERT INTO snowflake_claims AS c
+       (datacenter_id, worker_id, holder, expires_unix_ms, high_water_unix_ms)
+SELECT %(dc)s, w, 'fake-' || w, (extract(epoch FROM clock_timestamp()) * 1000)::bigint + %(ttl)s, 0
+  FROM unnest(%(ws)s::int[]) AS w
+ON CONFLICT (datacenter_id, worker_id) DO UPDATE
+   SET holder = excluded.holder, expires_unix_ms = excluded.expires_unix_ms
+ WHERE (c.holder = excluded.holder
+        AND c.expires_unix_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint + %(ttl)s / 2)
+    OR c.holder IS NULL OR c.expires_unix_ms IS NULL
+    OR c.expires_unix_ms <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint"""
+# (A fake renews its row only in the second half of its TTL: little WAL, so that the last
+# asynchronous commits before a crash stay unwritten as long as they would in a quiet fleet.)
+
+
+class ChaosCoordinator(Coordinator):
+    """test_registry.Coordinator that commits asynchronously with a lazy WAL writer, so that a
+    crash restart (same postmaster start time) loses the last commits; copies are taken with
+    pg_basebackup while it runs."""
+
+    kind = "pg"
+
+    def __init__(self, root):
+        super().__init__()
+        self.cluster.configure(synchronous_commit="off", wal_writer_delay="'10s'",
+                               checkpoint_timeout="'1h'", max_connections="100")
+        self.copies_dir = f"{self.cluster.dir}-copies"
+        os.makedirs(self.copies_dir, exist_ok=True)
+        shutil.chown(self.copies_dir, "postgres", "postgres")
+        self.copies = []
+
+    def running(self):
+        return self.cluster.running()
+
+    def kill(self):
+        self.cluster.stop("immediate")
+
+    def restart_clean(self, down):
+        self.cluster.stop("fast")
+        time.sleep(down)
+        self.cluster.start()
+
+    def restart_kill(self, down):
+        self.cluster.stop("immediate")  # unflushed async commits are lost, restart seen
+        time.sleep(down)
+        self.cluster.start()
+
+    def restart_empty(self, down, ddl=False):
+        self.cluster.init()  # stops it and makes a new data directory
+        time.sleep(down)
+        self.cluster.start()
+        if ddl:
+            self.make_tables()
+
+    def stall_wal_writer(self):
+        """SIGSTOPs the WAL writer, the process that writes asynchronous commits out: as if
+        its wal_writer_delay had not elapsed yet. Returns its pid."""
+        pid = self.cluster.one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")
+        if pid:
+            os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def crash_unflushed(self, walwriter=None):
+        """SIGKILL of one backend: the postmaster crash-restarts the coordinator. Commits not
+        yet written by the WAL writer are gone, and pg_postmaster_start_time() is unchanged.
+        A stalled WAL writer (stall_wal_writer) is continued once the postmaster's SIGQUIT
+        is pending for it, so that it exits without writing."""
+        conn = self.cluster.connect(retries=5)
+        pid = conn.info.backend_pid
+        os.kill(pid, signal.SIGKILL)
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001
+            pass
+        if walwriter:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and alive(walwriter) \
+                    and not signal_pending(walwriter, signal.SIGQUIT):
+                time.sleep(0.01)
+            send(walwriter, signal.SIGCONT)
+        return pid
+
+    def snapshot(self):
+        path = os.path.join(self.copies_dir, f"copy{len(self.copies)}")
+        r = as_postgres(f"{self.cluster.bin}/pg_basebackup", "-h", self.cluster.dir, "-p",
+                        str(self.cluster.port), "-U", "postgres", "-D", path, "-X", "stream",
+                        "-c", "fast", check=False, capture=True)
+        if r.returncode != 0:
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        self.copies.append(path)
+        return path
+
+    def restore(self, copy, down):
+        self.cluster.stop("immediate")
+        shutil.rmtree(self.cluster.data, ignore_errors=True)
+        subprocess.run(["cp", "-a", copy, self.cluster.data], check=True)
+        time.sleep(down)
+        self.cluster.start()
+
+    def make_tables(self):
+        try:
+            self.cluster.sql(README_DDL)
+        except psycopg.errors.UniqueViolation:
+            pass  # a node created them at the same moment (CREATE TABLE IF NOT EXISTS races)
+
+    def refresh_fakes(self, state, datacenter, fake_ids, ttl_ms):
+        conn = state.get("conn")
+        try:
+            if conn is None or conn.closed or conn.broken:
+                conn = state["conn"] = psycopg.connect(
+                    host="127.0.0.1", port=self.cluster.port, user="postgres", dbname="postgres",
+                    connect_timeout=1, autocommit=True)
+                conn.execute("SET lock_timeout = '500ms'")
+                conn.execute("SET statement_timeout = '1s'")
+            with conn.transaction():
+                present = conn.execute(
+                    "SELECT to_regclass('snowflake_registry') IS NOT NULL "
+                    "AND to_regclass('snowflake_claims') IS NOT NULL").fetchone()[0]
+                if not present:
+                    return None  # restarted empty: the nodes create the tables
+                conn.execute("SELECT 1 FROM snowflake_registry FOR UPDATE")
+                return conn.execute(FAKE_PG_UPSERT, {"dc": datacenter, "ttl": ttl_ms,
+                                                     "ws": list(fake_ids)}).rowcount
+        except Exception:  # noqa: BLE001
+            try:
+                if conn is not None:
+                    conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+            state["conn"] = None
+            return None
+
+    def _sql(self, query, params):
+        try:
+            with psycopg.connect(host="127.0.0.1", port=self.cluster.port, user="postgres",
+                                 dbname="postgres", connect_timeout=2, autocommit=True) as conn:
+                with conn.transaction():
+                    conn.execute("SET LOCAL lock_timeout = '1s'")
+                    conn.execute("SELECT 1 FROM snowflake_registry FOR UPDATE")
+                    cur = conn.execute(query, params)
+                    return [r[0] for r in cur.fetchall()] if cur.description else []
+        except Exception:  # noqa: BLE001
+            return None
+
+    def occupy_free(self, datacenter, token, ttl_ms, exclude=-1):
+        """Claims of another server on every free id but `exclude` (not renewed). Returns
+        their ids."""
+        return self._sql("""
+            INSERT INTO snowflake_claims AS c
+                   (datacenter_id, worker_id, holder, expires_unix_ms, high_water_unix_ms)
+            SELECT %(dc)s, w, %(token)s,
+                   (extract(epoch FROM clock_timestamp()) * 1000)::bigint + %(ttl)s, 0
+              FROM generate_series(0, 31) AS w WHERE w <> %(exclude)s
+            ON CONFLICT (datacenter_id, worker_id) DO UPDATE
+               SET holder = excluded.holder, expires_unix_ms = excluded.expires_unix_ms
+             WHERE c.holder IS NULL OR c.expires_unix_ms IS NULL
+                OR c.expires_unix_ms <= (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+            RETURNING worker_id""", {"dc": datacenter, "token": token, "ttl": ttl_ms,
+                                     "exclude": exclude})
+
+    def free(self, datacenter, token):
+        self._sql("UPDATE snowflake_claims SET holder = NULL, expires_unix_ms = NULL "
+                  "WHERE datacenter_id = %(dc)s AND holder = %(token)s",
+                  {"dc": datacenter, "token": token})
+
+    def close(self):
+        self.cluster.stop("immediate")
+
+
+# ----------------------------------------------------------------------------------------
+# Nodes and writers
+
+class Node:
+    def __init__(self, name, cluster, is_clone=False):
+        self.name, self.cluster, self.is_clone = name, cluster, is_clone
+        self.lock = threading.Lock()  # lifecycle faults (kill, stop, restart) one at a time
+        self.up = False
+        self.retired = False
+        self.incarnation = 0
+        self.shifts = {}
+        self.clock_lock = threading.Lock()
+        self.writers = []
+
+    def offset(self):
+        return sum(self.shifts.values())
+
+    def set_shift(self, key, ms):
+        with self.clock_lock:
+            if ms:
+                self.shifts[key] = ms
+            else:
+                self.shifts.pop(key, None)
+            self.cluster.shift_clock_ms(self.offset())
+
+
+class Writer(threading.Thread):
+    """Takes IDs from one node in a loop and records each acknowledged request: sent and ack
+    times (time.monotonic_ns of this process), its session, and its IDs, kept as runs of
+    consecutive IDs of one millisecond (array('q') starts, array('l') lengths): a batch of 50
+    in one millisecond is one run, a block is one run."""
+
+    # next: snowflake_next(); batch: snowflake_next_batch(50); block: snowflake_next_block(8);
+    # ahead: K blocks of 4096 in one statement, which runs the node's IDs ahead of its clock
+    # (up to its claim's cap), so that marks and floors matter.
+    OPS = (("next", 0.40), ("batch", 0.30), ("block", 0.29), ("ahead", 0.01))
+
+    def __init__(self, camp, node_, j, seed):
+        super().__init__(daemon=True, name=f"writer-{node_.name}/{j}")
+        self.camp, self.node, self.j = camp, node_, j
+        self.label = f"{node_.name}/{j}"
+        self.rng = random.Random(seed)
+        self.r_sent, self.r_ack = array("q"), array("q")
+        self.r_sess, self.r_off = array("q"), array("q")
+        self.run_start, self.run_len = array("q"), array("l")
+        self.id_count = 0
+        self.err_t = array("q")
+        self.errors = Counter()
+        self.messages = Counter()
+        self.stop_event = threading.Event()
+        self.pid = None
+        self.conn = None
+        self.first_t = None
+        self.last_t = None
+
+    def _error(self, state):
+        self.err_t.append(time.monotonic_ns())
+        self.errors[state] += 1
+
+    def _connect(self):
+        c = self.node.cluster
+        conn = psycopg.connect(host=c.dir, port=c.port, user="postgres", dbname="postgres",
+                               autocommit=True, connect_timeout=2)
+        self.pid = conn.info.backend_pid
+        self.sess = self.camp.new_session(self.node, self.label, self.pid)
+        self.conn = conn
+
+    def _drop(self):
+        conn, self.conn, self.pid = self.conn, None, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _add(self, ids):
+        starts, lens = self.run_start, self.run_len
+        for i in ids:
+            if lens and i == starts[-1] + lens[-1] and (i >> 12) == (starts[-1] >> 12) \
+                    and len(starts) > self.r_off[-1]:
+                lens[-1] += 1
+            else:
+                starts.append(i)
+                lens.append(1)
+            self.id_count += 1
+
+    def _add_run(self, first, n):
+        self.run_start.append(first)
+        self.run_len.append(n)
+        self.id_count += n
+
+    def request(self, op, k=0):
+        """One request on the open connection; records it if acknowledged. Returns whether
+        it was (False: an error, counted; the connection dropped if it broke)."""
+        sent = time.monotonic_ns()
+        try:
+            if op == "next":
+                got = [self.conn.execute("SELECT snowflake_next()").fetchone()[0]]
+            elif op == "batch":
+                got = self.conn.execute("SELECT snowflake_next_batch(50)").fetchone()[0]
+            elif op == "block":
+                got = self.conn.execute("SELECT snowflake_next_block(8)").fetchone()[0]
+            else:
+                got = [r[0] for r in self.conn.execute(
+                    "SELECT snowflake_next_block(4096) FROM generate_series(1, %s)",
+                    (k,)).fetchall()]
+            ack = time.monotonic_ns()
+        except psycopg.Error as e:
+            state = e.sqlstate or "connection"
+            self._error(state)
+            if e.sqlstate:
+                text = re.sub(r"\d+", "N", (e.diag.message_primary or "")[:90])
+                self.messages[f"{state} {text}"] += 1
+            if self.conn.closed or self.conn.broken or e.sqlstate is None:
+                self._drop()
+            return False
+        except Exception:  # noqa: BLE001
+            self._error("client")
+            self._drop()
+            return False
+        self.r_off.append(len(self.run_start))
+        if op == "block":
+            self._add_run(got, 8)
+        elif op == "ahead":
+            for first in got:
+                self._add_run(first, 4096)
+        else:
+            self._add(got)
+        # The request is complete only now (the checker reads these arrays at the end).
+        self.r_sent.append(sent)
+        self.r_ack.append(ack)
+        self.r_sess.append(self.sess)
+        self.last_t = ack
+        return True
+
+    def run(self):
+        self.first_t = time.monotonic_ns()
+        ops = [o for o, _ in self.OPS]
+        weights = [w for _, w in self.OPS]
+        while not self.stop_event.is_set():
+            if self.conn is None:
+                try:
+                    self._connect()
+                except Exception:  # noqa: BLE001  (down, starting, frozen)
+                    self._error("connect")
+                    self.stop_event.wait(0.1)
+                    continue
+            op = self.rng.choices(ops, weights)[0]
+            k = self.rng.randint(20, 300)
+            if self.request(op, k):
+                self.stop_event.wait(self.rng.uniform(0.002, 0.008))
+            else:
+                self.stop_event.wait(0.02 if self.conn is not None else 0.05)
+        self.last_t = time.monotonic_ns()
+        self._drop()
+
+    def requests(self):
+        """(sent, ack, session, first run, end run) of every complete request."""
+        n = len(self.r_ack)
+        offs = self.r_off
+        for r in range(n):
+            end = offs[r + 1] if r + 1 < len(offs) else len(self.run_start)
+            yield self.r_sent[r], self.r_ack[r], self.r_sess[r], offs[r], end
+
+
+# ----------------------------------------------------------------------------------------
+# One schedule
+
+class Schedule:
+    def __init__(self, plan, verbose=True, keep=False):
+        self.plan = plan
+        self.verbose = verbose
+        self.keep = keep
+        self.prefix = f"chaos{os.getpid()}-{plan.index}"
+        self.registry = None
+        self.nodes = {}       # every node ever started, clones included
+        self.sessions = []    # (node name, incarnation, writer label, backend pid)
+        self.session_lock = threading.Lock()
+        self.print_lock = threading.Lock()
+        self.outcomes = defaultdict(Counter)   # kind -> done/skipped/failed
+        self.handovers = Counter()             # handovers seen, by the action that followed
+        self.timeline = []                     # events as played (seconds since the start)
+        self.notes = []
+        self.fakes_stop = threading.Event()
+        self.fake_thread = None
+        self.t0 = time.monotonic()
+        self.t0_ns = time.monotonic_ns()
+        self.registry_lock = threading.Lock()
+        self.heal_at = None
+        self.fault_start = None
+        self.cold_copies = {}
+
+    # -- output ----------------------------------------------------------------------
+    def say(self, msg):
+        if self.verbose:
+            with self.print_lock:
+                print(f"[{time.monotonic() - self.t0:7.2f}] {msg}", flush=True)
+
+    def new_session(self, node_, label, pid):
+        with self.session_lock:
+            self.sessions.append((node_.name, node_.incarnation, label, pid))
+            return len(self.sessions) - 1
+
+    # -- fleet -----------------------------------------------------------------------
+    def _cluster(self, name):
+        return node(f"{self.prefix}-{name}", self.registry, datacenter=self.plan.datacenter,
+                    **{"snowflake.claim_ttl": f"'{self.plan.ttl}'",
+                       "snowflake.max_clock_drift": f"'{self.plan.max_clock_drift[name]}'"})
+
+    def _start(self, n):
+        n.cluster.start()
+        n.incarnation += 1
+        n.up = True
+
+    def _start_after_kill(self, n, pids):
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.05)
+        for _ in range(3):
+            left = procs_in(n.cluster.data)
+            for p in left:  # children forked after the kill (a crash restart in progress)
+                send(p, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(alive(p) for p in left):
+                time.sleep(0.05)
+            for stale in ([os.path.join(n.cluster.data, "postmaster.pid")]
+                          + glob.glob(os.path.join(n.cluster.dir, ".s.PGSQL.*"))):
+                try:
+                    os.remove(stale)
+                except FileNotFoundError:
+                    pass
+            if n.cluster.start(check=False):
+                n.incarnation += 1
+                n.up = True
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{n.name} did not start again\n{n.cluster.log()[-2000:]}")
+
+    def _writers_for(self, n, seeds):
+        for j, seed in enumerate(seeds):
+            w = Writer(self, n, j, seed)
+            n.writers.append(w)
+            w.start()
+
+    def setup(self):
+        p = self.plan
+        base = harness.BASE
+        os.makedirs(base, exist_ok=True)
+        self.registry = ChaosRedis(base) if p.registry == "redis" else ChaosCoordinator(base)
+        self.registry.start()
+        self.registry.make_tables()
+        self.fake_state = {}
+        n = self.registry.refresh_fakes(self.fake_state, p.datacenter, p.fake_ids, self.fake_ttl())
+        if n is None:
+            raise RuntimeError("could not place the fake claims")
+        if p.registry == "pg":
+            self.registry.cluster.sql("CHECKPOINT")  # the fakes' rows survive any crash
+        self.fake_thread = threading.Thread(target=self._refresher, daemon=True)
+        self.fake_thread.start()
+        for name in p.node_names:
+            self.nodes[name] = Node(name, self._cluster(name))
+        harness.clock_shim_lib()  # built once, before the nodes start in parallel
+
+        def bring_up(n):
+            n.cluster.init()
+            n.shifts["base"] = p.base_clock[n.name]
+            n.cluster.use_clock_shim(n.offset())
+            self._start(n)
+            n.cluster.sql("CREATE EXTENSION IF NOT EXISTS snowflake")
+
+        errors = []
+
+        def guarded(n):
+            try:
+                bring_up(n)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        threads = [threading.Thread(target=guarded, args=(n,)) for n in self.nodes.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        claimed = {n.name: self._wait_settled(n) for n in self.nodes.values()}
+        self.say(f"claimed: {claimed}")
+        if sum(1 for v in claimed.values() if isinstance(v, int)) < min(p.nodes, p.free_count):
+            raise RuntimeError(f"the nodes did not claim their ids: {claimed}")
+        if self.registry.snapshot() is None:
+            self.say("note: the first registry copy failed")
+        self.cold_copies = {}
+        if any(e.kind == "handover" and e.params.get("cold") for e in p.events):
+            for name, n in self.nodes.items():
+                path = f"{n.cluster.dir}-cold"
+                os.makedirs(path, exist_ok=True)
+                shutil.chown(path, "postgres", "postgres")
+                if self._basebackup(n, os.path.join(path, "data")) is None:
+                    self.cold_copies[name] = os.path.join(path, "data")
+        for name, n in self.nodes.items():
+            self._writers_for(n, [p.writer_seeds[f"{name}/{j}"] for j in range(2)])
+
+    def _wait_settled(self, n, timeout=60):
+        """The node's claimed worker id, or 'exhausted' when every id is taken (fewer free
+        ids than nodes)."""
+        deadline = time.monotonic() + timeout
+        st = None
+        while time.monotonic() < deadline:
+            st, w = self._claim_state(n)
+            if st == "held":
+                return w
+            if st == "exhausted":
+                return st
+            time.sleep(0.1)
+        raise RuntimeError(f"{n.name}: no claim, last status {st}\n{n.cluster.log()[-2000:]}")
+
+    def fake_ttl(self):
+        return max(10_000, 5 * self.plan.ttl_ms)
+
+    def _refresher(self):
+        p = self.plan
+        period = min(1.0, p.ttl_ms / 4000.0)
+        while not self.fakes_stop.wait(period):
+            self.registry.refresh_fakes(self.fake_state, p.datacenter, p.fake_ids,
+                                        self.fake_ttl())
+
+    # -- faults ----------------------------------------------------------------------
+    def run_event(self, ev):
+        started = time.monotonic() - self.t0
+        try:
+            result = getattr(self, "do_" + ev.kind)(ev)
+        except Exception as e:  # noqa: BLE001
+            result = f"failed: {type(e).__name__}: {str(e).strip()[:300]}"
+            if self.verbose:
+                traceback.print_exc()
+        self.timeline.append({"start_s": round(started, 2),
+                              "end_s": round(time.monotonic() - self.t0, 2),
+                              "event": str(ev), "result": result or "done"})
+        if result is None or result == "done":
+            self.outcomes[ev.kind]["done"] += 1
+            self.say(f"done    {ev}")
+        elif result.startswith("failed"):
+            self.outcomes[ev.kind]["failed"] += 1
+            self.notes.append(f"#{ev.seq} {ev.kind} {ev.target}: {result}")
+            self.say(f"FAILED  {ev}: {result}")
+        else:
+            self.outcomes[ev.kind]["skipped"] += 1
+            self.say(f"skipped {ev}: {result}")
+
+    def _node(self, ev):
+        return self.nodes[ev.target]
+
+    def _writer_pid(self, n, j):
+        w = n.writers[j] if j < len(n.writers) else None
+        pid = w.pid if w else None
+        return pid if pid and is_postgres(pid) else None
+
+    def do_backend_kill(self, ev):
+        n = self._node(ev)
+        pid = self._writer_pid(n, ev.params["writer"])
+        if not n.up or not pid:
+            return "skipped: no backend"
+        send(pid, signal.SIGKILL)
+        self.say(f"  {n.name}: SIGKILL backend {pid}")
+
+    def do_worker_kill(self, ev):
+        n = self._node(ev)
+        pid = registry_worker_pid(n.cluster) if n.up else None
+        if not pid:
+            return "skipped: no registry worker"
+        send(pid, signal.SIGKILL)
+        self.say(f"  {n.name}: SIGKILL registry worker {pid}")
+
+    def _stop_cont(self, pids, seconds):
+        for p in pids:
+            send(p, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            for p in pids:
+                send(p, signal.SIGCONT)
+
+    def do_worker_stop(self, ev):
+        n = self._node(ev)
+        pid = registry_worker_pid(n.cluster) if n.up else None
+        if not pid:
+            return "skipped: no registry worker"
+        self.say(f"  {n.name}: SIGSTOP registry worker {pid} for {ev.params['for']} s")
+        self._stop_cont([pid], ev.params["for"])
+
+    def do_backend_stop(self, ev):
+        n = self._node(ev)
+        pid = self._writer_pid(n, ev.params["writer"])
+        if not n.up or not pid:
+            return "skipped: no backend"
+        self.say(f"  {n.name}: SIGSTOP backend {pid} for {ev.params['for']} s")
+        self._stop_cont([pid], ev.params["for"])
+
+    def do_node_stop(self, ev):
+        n = self._node(ev)
+        if not n.lock.acquire(blocking=False):
+            return "skipped: node busy"
+        try:
+            if not n.up or not postmaster_pid(n.cluster):
+                return "skipped: node down"
+            pids = signal_node(n.cluster, signal.SIGSTOP)
+            self.say(f"  {n.name}: SIGSTOP {len(pids)} processes for {ev.params['for']} s")
+            try:
+                time.sleep(ev.params["for"])
+            finally:
+                for p in pids:
+                    send(p, signal.SIGCONT)
+        finally:
+            n.lock.release()
+
+    def _kill_node(self, n):
+        pids = signal_node(n.cluster, signal.SIGKILL)
+        n.up = False
+        return pids
+
+    def do_node_kill(self, ev):
+        n = self._node(ev)
+        if not n.lock.acquire(blocking=False):
+            return "skipped: node busy"
+        try:
+            if not n.up or not postmaster_pid(n.cluster):
+                return "skipped: node down"
+            pids = self._kill_node(n)
+            self.say(f"  {n.name}: SIGKILL of {len(pids)} processes, down {ev.params['down']} s")
+            time.sleep(ev.params["down"])
+            self._start_after_kill(n, pids)
+        finally:
+            n.lock.release()
+
+    def _restart(self, ev, mode):
+        n = self._node(ev)
+        if not n.lock.acquire(blocking=False):
+            return "skipped: node busy"
+        try:
+            if not n.up:
+                return "skipped: node down"
+            n.cluster.stop(mode)
+            n.up = False
+            if n.cluster.running():
+                pids = signal_node(n.cluster, signal.SIGKILL)
+                self.notes.append(f"#{ev.seq}: {n.name} did not stop ({mode}); killed")
+                self._start_after_kill(n, pids)
+            else:
+                self._start(n)
+        finally:
+            n.lock.release()
+
+    def do_restart_clean(self, ev):
+        return self._restart(ev, "fast")
+
+    def do_restart_immediate(self, ev):
+        return self._restart(ev, "immediate")
+
+    def _step_clock(self, n, key, ms, hold):
+        n.set_shift(key, ms)
+        self.say(f"  {n.name}: clock {ms:+d} ms for {hold} s (offset now {n.offset():+d})")
+        try:
+            time.sleep(hold)
+        finally:
+            n.set_shift(key, 0)
+            self.say(f"  {n.name}: clock step {ms:+d} ms undone (offset now {n.offset():+d})")
+
+    def do_clock_step(self, ev):
+        self._step_clock(self._node(ev), ev.seq, ev.params["ms"], ev.params["hold"])
+
+    def _basebackup(self, src, target):
+        r = as_postgres(f"{src.cluster.bin}/pg_basebackup", "-h", src.cluster.dir, "-p",
+                        str(src.cluster.port), "-U", "postgres", "-D", target, "-X",
+                        "stream", "-c", "fast", check=False, capture=True)
+        if r.returncode != 0:
+            shutil.rmtree(target, ignore_errors=True)
+            return f"skipped: pg_basebackup failed: {r.stderr.strip()[:200]}"
+        return None
+
+    def _make_clone(self, src, name, cold=False):
+        """A copy of the running node `src` started beside it with its settings and writers
+        of its own: a pg_basebackup now, or (cold) the copy taken at the start of the
+        schedule (a VM image started much later). Returns the new Node, or a reason."""
+        c = Cluster(f"{self.prefix}-{name}", dict(src.cluster.settings))
+        if cold and src.name in self.cold_copies:
+            c._fresh_dir()
+            subprocess.run(["cp", "-a", self.cold_copies[src.name], c.data], check=True)
+        else:
+            if not src.lock.acquire(blocking=False):
+                return "skipped: node busy"
+            try:
+                if not src.up:
+                    return "skipped: node down"
+                c._fresh_dir()
+                why = self._basebackup(src, c.data)
+                if why:
+                    shutil.rmtree(c.dir, ignore_errors=True)
+                    return why
+            finally:
+                src.lock.release()
+        c.write_settings()
+        c.use_clock_shim(src.offset())
+        clone = Node(name, c, is_clone=True)
+        clone.shifts["base"] = src.offset()
+        self.nodes[name] = clone
+        self._start(clone)
+        seeds = self.plan.clone_seeds[2 * (len(self.nodes) % 32):][:2]
+        self._writers_for(clone, seeds)
+        return clone
+
+    def do_clone(self, ev):
+        clone = self._make_clone(self._node(ev), ev.params["name"])
+        if isinstance(clone, str):
+            return clone
+        self.say(f"  {clone.name}: clone of {ev.target} started beside it for {ev.params['life']} s")
+        time.sleep(ev.params["life"])
+        self.retire(clone)
+
+    def retire(self, n):
+        for w in n.writers:
+            w.stop_event.set()
+        n.retired = True
+        with n.lock:
+            for p in procs_in(n.cluster.data):
+                send(p, signal.SIGCONT)
+            n.cluster.stop("immediate")
+            n.up = False
+        for w in n.writers:
+            if w.ident is not None:
+                w.join(10)
+        self.say(f"  {n.name}: retired")
+
+    def _claim_anew(self, n, down):
+        """Kills the whole node, starts it again and waits until it holds a claim (a new
+        token: it claims its old id only once that lapsed, or a free one)."""
+        pids = self._kill_node(n)
+        time.sleep(down)
+        self._start_after_kill(n, pids)
+        try:
+            wait_claimed(n.cluster, timeout=5 * self.plan.ttl_ms / 1000.0)
+            return True
+        except AssertionError:  # every id taken: it waits
+            return False
+
+    def do_claim_then_crash(self, ev):
+        n = self._node(ev)
+        if not n.lock.acquire(blocking=False):
+            return "skipped: node busy"
+        try:
+            if not n.up or not postmaster_pid(n.cluster):
+                return "skipped: node down"
+            if not self._claim_anew(n, ev.params["down"]):
+                return "skipped: restarted, but no id free to claim"
+            time.sleep(ev.params["delay"])
+            if ev.params["victim"] == "worker":
+                pid = registry_worker_pid(n.cluster)
+            else:
+                pid = self._writer_pid(n, 0) or self._writer_pid(n, 1)
+            if not pid:
+                return "skipped: nothing to kill after the claim"
+            send(pid, signal.SIGKILL)
+            self.say(f"  {n.name}: claimed anew, then SIGKILL {ev.params['victim']} {pid}")
+        finally:
+            n.lock.release()
+
+    def do_claim_then_registry_crash(self, ev):
+        """The coordinator's WAL writer stalls; node A is killed and started again and claims
+        (a row not written out); rival B is killed and started again and asks for an id;
+        A's registry worker is stopped (its link cut) and the coordinator crash-restarts,
+        losing A's claim; A's worker continues `cut` seconds later."""
+        a, b = self._node(ev), self.nodes[ev.params["rival"]]
+        locked = []
+        try:
+            for n in (a, b):
+                if n in locked:
+                    continue
+                if not n.lock.acquire(blocking=False):
+                    return "skipped: node busy"
+                locked.append(n)
+            if not all(n.up and postmaster_pid(n.cluster) for n in locked):
+                return "skipped: node down"
+            if not self.registry_lock.acquire(blocking=False):
+                return "skipped: registry busy"
+            worker = walwriter = None
+            try:
+                walwriter = self.registry.stall_wal_writer()
+                if not self._claim_anew(a, ev.params["down"]):
+                    return "skipped: restarted, but no id free to claim"
+                if b is not a:
+                    pids = self._kill_node(b)
+                    self._start_after_kill(b, pids)
+                time.sleep(ev.params["delay"])
+                worker = registry_worker_pid(a.cluster)
+                if worker:
+                    send(worker, signal.SIGSTOP)
+                pid = self.registry.crash_unflushed(walwriter)
+                walwriter = None
+                self.say(f"  {a.name} claimed anew, {b.name} restarted, {a.name}'s registry "
+                         f"worker stopped, coordinator backend {pid} SIGKILLed")
+            finally:
+                if walwriter:
+                    send(walwriter, signal.SIGCONT)
+                self.registry_lock.release()
+            if worker:
+                time.sleep(ev.params["cut"])
+                send(worker, signal.SIGCONT)
+        finally:
+            for n in locked:
+                n.lock.release()
+
+    def _claim_state(self, n, conn=None):
+        """(claim_status, worker_id) of a node, or (None, None) if it does not answer."""
+        try:
+            if conn is not None:
+                return conn.execute("SELECT claim_status, worker_id FROM snowflake_stats()").fetchone()
+            with psycopg.connect(host=n.cluster.dir, port=n.cluster.port, user="postgres",
+                                 dbname="postgres", autocommit=True, connect_timeout=2) as c:
+                return c.execute("SELECT claim_status, worker_id FROM snowflake_stats()").fetchone()
+        except Exception:  # noqa: BLE001
+            return (None, None)
+
+    def _ahead(self, n, k):
+        """One request of k blocks of 4096 IDs on `n`: its IDs run ahead of its clock."""
+        w = Writer(self, n, len(n.writers), 0)
+        w.label = f"{n.name}/ahead"
+        n.writers.append(w)
+        try:
+            w._connect()
+            w.request("ahead", k)
+        except Exception:  # noqa: BLE001
+            pass
+        finally:
+            w._drop()
+
+    def _watch_and_act(self, waiters, worker, ev, done):
+        """Polls the waiting nodes; the first that holds `worker` (the holder's) gets the
+        event's `then` action at once."""
+        p = ev.params
+        conns = {}
+        try:
+            for n in waiters:
+                try:
+                    conns[n.name] = psycopg.connect(
+                        host=n.cluster.dir, port=n.cluster.port, user="postgres",
+                        dbname="postgres", autocommit=True, connect_timeout=2)
+                except Exception:  # noqa: BLE001
+                    pass
+            deadline = time.monotonic() + p["watch"]
+            while time.monotonic() < deadline and not done.is_set():
+                for n in waiters:
+                    conn = conns.get(n.name)
+                    if conn is None:
+                        continue
+                    st, w = self._claim_state(n, conn)
+                    if st is None:
+                        conns.pop(n.name, None)
+                        continue
+                    if st == "held" and w == worker:
+                        return self._then(n, ev)
+                time.sleep(0.01)
+            self.say(f"  handover #{ev.seq}: no waiting node took worker {worker}")
+        finally:
+            for c in conns.values():
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def _then(self, n, ev):
+        p = ev.params
+        self.say(f"  handover #{ev.seq}: {n.name} took the id; then {p['then']}")
+        self.handovers[p["then"]] += 1
+        if p["then"] in ("crash_backend", "crash_clock_back"):
+            pid = self._writer_pid(n, 0) or self._writer_pid(n, 1)
+            if pid:
+                send(pid, signal.SIGKILL)
+        elif p["then"] == "crash_worker":
+            pid = registry_worker_pid(n.cluster)
+            if pid:
+                send(pid, signal.SIGKILL)
+        if p["then"] in ("clock_back", "crash_clock_back"):
+            self._step_clock(n, f"h{ev.seq}", p["then_ms"], p["then_hold"])
+
+    def do_handover(self, ev):
+        p = ev.params
+        holder = self._node(ev)
+        if not holder.lock.acquire(blocking=False):
+            return "skipped: node busy"
+        watcher = extra = None
+        done = threading.Event()
+        try:
+            if not holder.up:
+                return "skipped: node down"
+            st, worker = self._claim_state(holder)
+            if st != "held":
+                return f"skipped: the holder's claim is {st}"
+            waiters = [n for n in list(self.nodes.values())
+                       if n is not holder and n.up and not n.retired
+                       and self._claim_state(n)[0] not in ("held", None)]
+            if not waiters:
+                # Other servers take every free id meanwhile, and a clone of another node
+                # starts and waits for one.
+                ttl_ms = int((p["watch"] + p.get("down", 0) + 10) * 1000)
+                filler = self.registry.occupy_free(self.plan.datacenter, f"temp-{ev.seq}", ttl_ms)
+                if filler is None:
+                    return "skipped: the registry does not answer"
+                clone = self._make_clone(self.nodes[p["clone_of"]], f"{p['clone_of']}h{ev.seq}",
+                                         cold=p["cold"])
+                if isinstance(clone, str):
+                    self.registry.free(self.plan.datacenter, f"temp-{ev.seq}")
+                    return clone
+                extra = (clone, filler)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and \
+                        self._claim_state(clone)[0] not in ("exhausted", "held"):
+                    time.sleep(0.05)
+                if self._claim_state(clone)[0] != "exhausted":
+                    return "skipped: the clone did not wait for an id"
+                waiters = [clone]
+            self.say(f"  handover #{ev.seq}: {holder.name} holds worker {worker}; waiting: "
+                     f"{[n.name for n in waiters]}")
+            if p["ahead"]:
+                self._ahead(holder, p["ahead"])
+            watcher = threading.Thread(target=self._watch_and_act,
+                                       args=(waiters, worker, ev, done), daemon=True)
+            watcher.start()
+            how = p["how"]
+            if how == "clean":
+                holder.cluster.stop("fast")
+                holder.up = False
+                self._start(holder)
+            elif how == "clock_back":
+                self._step_clock(holder, f"g{ev.seq}", p["ms"], p["down"])
+            else:
+                pids = (self._kill_node(holder) if how == "kill"
+                        else signal_node(holder.cluster, signal.SIGSTOP))
+                try:
+                    if p.get("empty") and self.registry_lock.acquire(blocking=False):
+                        try:
+                            self.registry.restart_empty(0.1, p.get("ddl", False))
+                            self.say(f"  handover #{ev.seq}: registry restarted empty")
+                            if extra is not None:
+                                # The other servers re-assert their claims (after the live
+                                # nodes have, within a heartbeat); the holder's id is free.
+                                time.sleep(self.plan.ttl_ms / 4000.0)
+                                self.registry.occupy_free(
+                                    self.plan.datacenter, f"temp-{ev.seq}",
+                                    int((p["watch"] + 10) * 1000), worker)
+                        finally:
+                            self.registry_lock.release()
+                    time.sleep(p["down"])
+                finally:
+                    if how == "freeze":
+                        for pid in pids:
+                            send(pid, signal.SIGCONT)
+                if how == "kill":
+                    self._start_after_kill(holder, pids)
+        finally:
+            holder.lock.release()
+            if watcher is not None:
+                watcher.join(p["watch"] + 15)
+                done.set()
+            if extra is not None:
+                self.retire(extra[0])
+                self.registry.free(self.plan.datacenter, f"temp-{ev.seq}")
+
+    # registry faults
+    def _with_registry(self, fn):
+        if not self.registry_lock.acquire(blocking=False):
+            return "skipped: registry busy"
+        try:
+            return fn()
+        finally:
+            self.registry_lock.release()
+
+    def do_registry_kill(self, ev):
+        return self._with_registry(lambda: self.registry.restart_kill(ev.params["down"]))
+
+    def do_registry_restart_clean(self, ev):
+        return self._with_registry(lambda: self.registry.restart_clean(0.2))
+
+    def do_registry_restart_empty(self, ev):
+        return self._with_registry(
+            lambda: self.registry.restart_empty(0.1, ev.params.get("ddl", False)))
+
+    def do_registry_crash_unflushed(self, ev):
+        def crash():
+            walwriter = self.registry.stall_wal_writer() if ev.params["stall"] else None
+            try:
+                time.sleep(ev.params["stall"])
+                self.registry.crash_unflushed(walwriter)
+            finally:
+                if walwriter:
+                    send(walwriter, signal.SIGCONT)
+        return self._with_registry(crash)
+
+    def do_registry_snapshot(self, ev):
+        def snap():
+            if self.registry.snapshot() is None:
+                return "skipped: copy failed"
+        return self._with_registry(snap)
+
+    def do_registry_restore_old(self, ev):
+        def restore():
+            copies = self.registry.copies
+            if not copies:
+                return "skipped: no copy"
+            k = min(len(copies) - 1, int(ev.params["which"] * len(copies)))
+            self.say(f"  registry: restoring copy {k} of {len(copies)}")
+            self.registry.restore(copies[k], 0.2)
+        return self._with_registry(restore)
+
+    def do_registry_empty_then_clock(self, ev):
+        r = self._with_registry(
+            lambda: self.registry.restart_empty(0.1, ev.params.get("ddl", False)))
+        if r:
+            return r
+        time.sleep(ev.params["after"])
+        self._step_clock(self._node(ev), ev.seq, ev.params["ms"], ev.params["hold"])
+
+    # -- the run ---------------------------------------------------------------------
+    def play(self):
+        p = self.plan
+        self.say(p.text())
+        self.fault_start = time.monotonic()
+        threads = []
+        for ev in p.events:
+            delay = self.fault_start + ev.t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            t = threading.Thread(target=self.run_event, args=(ev,), daemon=True)
+            t.start()
+            threads.append(t)
+        left = self.fault_start + p.seconds - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        deadline = time.monotonic() + 120
+        for t in threads:
+            t.join(max(0.1, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            self.notes.append("some fault threads were still running at the end")
+
+    def heal(self):
+        """Every process continued, clocks back, every node and the registry running."""
+        self.say("healing: SIGCONT everything, clocks back, everything started")
+        with self.registry_lock:
+            if not self.registry.running():
+                self.registry.start()
+        for n in list(self.nodes.values()):
+            if n.retired:
+                continue
+            with n.lock:
+                for p in procs_in(n.cluster.data):
+                    send(p, signal.SIGCONT)
+                with n.clock_lock:
+                    base = n.shifts.get("base", 0)
+                    n.shifts.clear()
+                    n.shifts["base"] = base
+                    n.cluster.shift_clock_ms(n.offset())
+                if not n.cluster.running():
+                    self._start_after_kill(n, [])
+        self.heal_at = time.monotonic_ns()
+
+    def cooldown(self):
+        """Waits until every live node issues again (or 10 claim_ttl), then stops the writers."""
+        deadline = time.monotonic() + 10 * self.plan.ttl_ms / 1000.0
+        live = [n for n in self.nodes.values() if not n.retired]
+        # Every live node issues again, but with fewer free ids than nodes some must wait.
+        expected = min(len(live), self.plan.free_count)
+
+        def issuing(n):
+            return any(len(w.r_ack) and w.r_ack[-1] > self.heal_at for w in n.writers)
+        while time.monotonic() < deadline:
+            if sum(1 for n in live if issuing(n)) >= expected:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        self.recovered = {n.name: issuing(n) for n in live}
+        self.recovered_expected = expected
+        for n in self.nodes.values():
+            for w in n.writers:
+                w.stop_event.set()
+        for n in self.nodes.values():
+            for w in n.writers:
+                if w.ident is not None:
+                    w.join(15)
+
+    def teardown(self, remove):
+        self.fakes_stop.set()
+        if self.fake_thread is not None:
+            self.fake_thread.join(5)
+        for key in ("conn", "client"):
+            c = getattr(self, "fake_state", {}).get(key)
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        for n in self.nodes.values():
+            try:
+                for p in procs_in(n.cluster.data):
+                    send(p, signal.SIGCONT)
+                n.cluster.stop("immediate")
+                for p in procs_in(n.cluster.data):
+                    send(p, signal.SIGKILL)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        if self.registry is not None:
+            try:
+                self.registry.close()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        for n in self.nodes.values():
+            for w in n.writers:
+                w.stop_event.set()
+                try:
+                    if w.ident is not None:
+                        w.join(5)
+                except Exception:  # noqa: BLE001
+                    pass
+        if remove:
+            for n in self.nodes.values():
+                shutil.rmtree(n.cluster.dir, ignore_errors=True)
+                shutil.rmtree(f"{n.cluster.dir}-cold", ignore_errors=True)
+            if isinstance(self.registry, ChaosCoordinator):
+                shutil.rmtree(self.registry.cluster.dir, ignore_errors=True)
+                shutil.rmtree(self.registry.copies_dir, ignore_errors=True)
+            elif isinstance(self.registry, ChaosRedis):
+                shutil.rmtree(self.registry.dir, ignore_errors=True)
+
+    def run(self):
+        started = time.monotonic()
+        _LIVE.add(self)
+        ok = False
+        try:
+            self.setup()
+            self.play()
+            self.heal()
+            self.cooldown()
+            result = check(self)
+            ok = result["ok"]
+        finally:
+            self.teardown(remove=not self.keep and ok)
+            _LIVE.discard(self)
+        result["wall_seconds"] = round(time.monotonic() - started, 1)
+        if not ok:
+            result["kept"] = harness.BASE
+        return result
+
+
+_LIVE = set()
+
+
+def _cleanup_all():
+    for s in list(_LIVE):
+        try:
+            s.teardown(remove=False)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+atexit.register(_cleanup_all)
+
+
+# ----------------------------------------------------------------------------------------
+# The checker
+
+def check(s):
+    """Runs checks (a)-(d) over everything the schedule's writers recorded."""
+    writers = [w for n in s.nodes.values() for w in n.writers]
+    sessions = s.sessions
+    node_of_session = [x[0] for x in sessions]
+    t0 = s.t0_ns
+    result = {"seed": s.plan.seed, "schedule": s.plan.index, "registry": s.plan.registry,
+              "nodes": s.plan.nodes, "seconds": s.plan.seconds}
+    result["ids_checked"] = sum(w.run_len[k] for w in writers
+                                for _, _, _, lo, hi in w.requests() for k in range(lo, hi))
+    result["requests"] = sum(len(w.r_ack) for w in writers)
+
+    def origin(wi, r_sent, r_ack, sess):
+        name, inc, label, pid = sessions[sess]
+        return {"node": name, "incarnation": inc, "writer": label, "pid": pid,
+                "sent_s": round((r_sent - t0) / 1e9, 3), "ack_s": round((r_ack - t0) / 1e9, 3)}
+
+    # Every run with its request: (start, end exclusive, writer, sent, ack, session)
+    runs = []
+    for wi, w in enumerate(writers):
+        for sent, ack, sess, lo, hi in w.requests():
+            for k in range(lo, hi):
+                st = w.run_start[k]
+                runs.append((st, st + w.run_len[k], wi, sent, ack, sess))
+
+    # (a) duplicates: IDs covered by more than one run (sorted by start, the part of a run
+    # below the highest end so far is covered twice)
+    runs.sort()
+    dup_count = 0
+    dup_examples = []
+    cross = 0
+    top = None
+    for run in runs:
+        if top is not None and run[0] < top[1]:
+            n = min(run[1], top[1]) - run[0]
+            dup_count += n
+            if node_of_session[run[5]] != node_of_session[top[5]]:
+                cross += n
+            if len(dup_examples) < 8:
+                dup_examples.append({
+                    "id": describe(run[0]), "count": n,
+                    "origins": [origin(top[2], top[3], top[4], top[5]),
+                                origin(run[2], run[3], run[4], run[5])]})
+        if top is None or run[1] > top[1]:
+            top = run
+    result["duplicates"] = dup_count
+    result["duplicates_across_nodes"] = cross
+    result["duplicate_examples"] = dup_examples
+
+    # (b) per session, strictly increasing in ack order
+    order_violations = 0
+    order_examples = []
+    for w in writers:
+        last = {}
+        for sent, ack, sess, lo, hi in w.requests():
+            prev = last.get(sess)
+            for k in range(lo, hi):
+                st = w.run_start[k]
+                if prev is not None and st <= prev:
+                    order_violations += 1
+                    if len(order_examples) < 5:
+                        order_examples.append({"session": sessions[sess][:3],
+                                               "previous": describe(prev), "then": describe(st)})
+                prev = st + w.run_len[k] - 1
+            last[sess] = prev
+    result["session_order_violations"] = order_violations
+    result["session_order_examples"] = order_examples
+
+    # (c) per (datacenter, worker): b.ack < a.sent, other node => max(b) < min(a)
+    groups = defaultdict(list)    # dc << 5 | worker -> [(sent, ack, node, min, max)]
+    per_node = defaultdict(list)  # node -> [(sent, ack, min, max)]
+    for w in writers:
+        for sent, ack, sess, lo, hi in w.requests():
+            name = node_of_session[sess]
+            span = {}
+            for k in range(lo, hi):
+                st = w.run_start[k]
+                en = st + w.run_len[k] - 1
+                key = (st >> 12) & 1023  # datacenter << 5 | worker
+                m = span.get(key)
+                span[key] = (st, en) if m is None else (min(m[0], st), max(m[1], en))
+            for key, (mn, mx) in span.items():
+                groups[key].append((sent, ack, name, mn, mx))
+            if span:
+                per_node[name].append((sent, ack, min(v[0] for v in span.values()),
+                                       max(v[1] for v in span.values())))
+    overlap = 0
+    overlap_examples = []
+    workers_seen = {}
+    for key, reqs in groups.items():
+        workers_seen[f"{key >> 5}/{key & 31}"] = sorted({r[2] for r in reqs})
+        by_ack = sorted(reqs, key=lambda r: r[1])
+        by_sent = sorted(reqs, key=lambda r: r[0])
+        best1 = best2 = None  # (max id, node, request); best2: the best of the other nodes
+        k = 0
+        for a in by_sent:
+            while k < len(by_ack) and by_ack[k][1] < a[0]:
+                b = by_ack[k]
+                k += 1
+                if best1 is None or b[2] == best1[1]:
+                    if best1 is None or b[4] > best1[0]:
+                        best1 = (b[4], b[2], b)
+                elif b[4] > best1[0]:
+                    best2, best1 = best1, (b[4], b[2], b)
+                elif best2 is None or b[4] > best2[0]:
+                    best2 = (b[4], b[2], b)
+            other = best1 if best1 is not None and best1[1] != a[2] else best2
+            if other is not None and other[0] >= a[3]:
+                overlap += 1
+                if len(overlap_examples) < 8:
+                    b = other[2]
+                    overlap_examples.append({
+                        "earlier": {"node": b[2], "id": describe(b[4]),
+                                    "ack_s": round((b[1] - t0) / 1e9, 3)},
+                        "later": {"node": a[2], "id": describe(a[3]),
+                                  "sent_s": round((a[0] - t0) / 1e9, 3)}})
+    result["overlap_violations"] = overlap
+    result["overlap_examples"] = overlap_examples
+    result["worker_ids_used"] = dict(sorted(workers_seen.items()))
+
+    # (informational) per node, over all its sessions and restarts: real-time order
+    node_order = {}
+    for name, reqs in per_node.items():
+        by_ack = sorted(reqs, key=lambda r: r[1])
+        by_sent = sorted(reqs, key=lambda r: r[0])
+        best, k, bad = None, 0, 0
+        for a in by_sent:
+            while k < len(by_ack) and by_ack[k][1] < a[0]:
+                best = by_ack[k][3] if best is None else max(best, by_ack[k][3])
+                k += 1
+            if best is not None and best >= a[2]:
+                bad += 1
+        if bad:
+            node_order[name] = bad
+    result["node_order_regressions"] = node_order
+
+    # (d) refusal time, errors by SQLSTATE, per node
+    refusing, errors, ids_per_node = {}, {}, {}
+    messages = Counter()
+    for name, n in s.nodes.items():
+        acks = sorted(a for w in n.writers for a in w.r_ack)
+        errs = sorted(e for w in n.writers for e in w.err_t)
+        starts = [w.first_t for w in n.writers if w.first_t]
+        ends = [w.last_t for w in n.writers if w.last_t]
+        if not starts:
+            continue
+        bounds = [min(starts)] + acks + [max(ends + acks[-1:])]
+        total = longest = 0
+        for lo, hi in zip(bounds, bounds[1:]):
+            k = bisect.bisect_right(errs, lo)
+            if k < len(errs) and errs[k] <= hi:
+                total += hi - lo
+                longest = max(longest, hi - lo)
+        refusing[name] = {"seconds": round(total / 1e9, 2), "longest": round(longest / 1e9, 2)}
+        c = Counter()
+        for w in n.writers:
+            c.update(w.errors)
+        errors[name] = dict(sorted(c.items()))
+        for w in n.writers:
+            messages.update(w.messages)
+        ids_per_node[name] = sum(w.id_count for w in n.writers)
+    result["refusing"] = refusing
+    result["error_messages"] = dict(messages.most_common(12))
+    result["errors"] = errors
+    result["ids_per_node"] = ids_per_node
+    result["recovered_after_heal"] = getattr(s, "recovered", {})
+    result["recovered_expected"] = getattr(s, "recovered_expected", 0)
+    result["heal_wait_s"] = 10 * s.plan.ttl_ms / 1000.0
+    result["liveness_ok"] = sum(result["recovered_after_heal"].values()) >= result["recovered_expected"]
+    result["faults"] = {k: dict(v) for k, v in sorted(s.outcomes.items())}
+    result["handovers_seen"] = dict(s.handovers)
+    result["timeline"] = sorted(s.timeline, key=lambda e: e["start_s"])
+    result["faults_injected"] = sum(v["done"] for k, v in s.outcomes.items()
+                                    if k not in NOT_FAULTS)
+    result["notes"] = s.notes
+    result["ok"] = dup_count == 0 and order_violations == 0 and overlap == 0
+    return result
+
+
+# ----------------------------------------------------------------------------------------
+# Campaigns
+
+def human(result):
+    lines = [
+        f"schedule {result['schedule']} (seed {result['seed']}, {result['registry']}, "
+        f"{result['seconds']:g} s of faults, {result.get('wall_seconds', '?')} s wall): "
+        f"{'OK' if result['ok'] else 'FOUND PROBLEMS'}",
+        f"  IDs checked {result['ids_checked']} in {result['requests']} requests; "
+        f"faults injected {result['faults_injected']}",
+        f"  duplicates {result['duplicates']} ({result['duplicates_across_nodes']} across nodes), "
+        f"session order violations {result['session_order_violations']}, "
+        f"overlapping-ownership violations {result['overlap_violations']}",
+        "  faults: " + ", ".join(f"{k} {v.get('done', 0)}"
+                                 + (f" (+{v['skipped']} skipped)" if v.get("skipped") else "")
+                                 + (f" (+{v['failed']} FAILED)" if v.get("failed") else "")
+                                 for k, v in result["faults"].items()),
+    ]
+    for name, r in result["refusing"].items():
+        lines.append(f"  {name}: {result['ids_per_node'].get(name, 0)} IDs, refusing "
+                     f"{r['seconds']} s (longest {r['longest']} s), errors {result['errors'][name]}")
+    if result.get("error_messages"):
+        lines.append("  errors: " + "; ".join(f"{k} x{v}" for k, v in result["error_messages"].items()))
+    if result["node_order_regressions"]:
+        lines.append(f"  (info) same-node real-time order regressions: {result['node_order_regressions']}")
+    for ex in result["duplicate_examples"][:5]:
+        lines.append(f"  duplicate {ex['id']}")
+        for o in ex["origins"]:
+            lines.append(f"      from {o['node']} (incarnation {o['incarnation']}, {o['writer']}) "
+                         f"sent {o['sent_s']} s ack {o['ack_s']} s")
+    for ex in result["overlap_examples"][:5]:
+        lines.append(f"  overlap: {ex['earlier']['node']} acked {ex['earlier']['id']} at "
+                     f"{ex['earlier']['ack_s']} s; later {ex['later']['node']} sent at "
+                     f"{ex['later']['sent_s']} s got {ex['later']['id']}")
+    times = [o["sent_s"] for ex in result["duplicate_examples"] for o in ex["origins"]]
+    times += [ex["later"]["sent_s"] for ex in result["overlap_examples"]]
+    if times:
+        first = min(times)
+        lines.append(f"  first problem at {first} s; faults played around it:")
+        for e in result.get("timeline", []):
+            if e["end_s"] >= first - 15 and e["start_s"] <= first + 1:
+                lines.append(f"      {e['start_s']:7.2f}-{e['end_s']:7.2f} s  {e['event']}  "
+                             f"[{e['result']}]")
+    for ex in result["session_order_examples"][:3]:
+        lines.append(f"  session order: {ex}")
+    for note in result["notes"]:
+        lines.append(f"  note: {note}")
+    rec = result["recovered_after_heal"]
+    if sum(rec.values()) < result.get("recovered_expected", len(rec)):
+        lines.append(f"  LIVENESS: {result.get('heal_wait_s')} s after every fault was undone, "
+                     f"fewer than {result.get('recovered_expected')} nodes issue IDs: {rec}")
+    if "kept" in result:
+        lines.append(f"  clusters and logs kept in {result['kept']}")
+    return "\n".join(lines)
+
+
+def schedule_seconds(minutes, schedules):
+    """Fault-phase length of each schedule: its share of the wall time less setup/cooldown."""
+    return max(15.0, round(minutes * 60.0 / schedules - 12.0, 1))
+
+
+def registry_of(registry, index):
+    return ["redis", "pg"][index % 2] if registry == "both" else registry
+
+
+def plans(seed, minutes, registry, nodes=3, schedules=None, ttl=TTL, free=None, kinds=None):
+    if schedules is None:
+        schedules = max(1, round(minutes / 5.0))
+        if registry == "both":
+            schedules = max(2, schedules)
+    seconds = schedule_seconds(minutes, schedules)
+    return [Plan(seed, i, registry_of(registry, i), nodes, seconds, ttl, free,
+                 only_kinds=kinds) for i in range(schedules)]
+
+
+def run_plan(plan, verbose=True, keep=False):
+    return Schedule(plan, verbose=verbose, keep=keep).run()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--registry", choices=["redis", "pg", "both"], default="both")
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--schedules", type=int, default=None)
+    ap.add_argument("--only", type=int, action="append",
+                    help="run only schedule I of the campaign (repeatable)")
+    ap.add_argument("--free", type=int, default=None,
+                    help="worker ids left free for the nodes (default nodes + 1)")
+    ap.add_argument("--ttl", default=TTL, help="snowflake.claim_ttl (default %(default)s)")
+    ap.add_argument("--kinds", default=None,
+                    help="comma-separated fault kinds to draw from (default: all); "
+                         "e.g. claim_then_registry_crash,clock_step")
+    ap.add_argument("--dry-run", action="store_true", help="print the schedules and exit")
+    ap.add_argument("--keep", action="store_true", help="keep data directories and logs")
+    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="run every schedule even after one found a problem")
+    args = ap.parse_args(argv)
+    if args.nodes < 1 or (args.free or args.nodes + 1) > WORKERS_PER_DC:
+        ap.error("bad --nodes/--free")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    print(f"chaos: seed {seed} (replay: --seed {seed} --minutes {args.minutes:g} "
+          f"--registry {args.registry} --nodes {args.nodes}"
+          + (f" --schedules {args.schedules}" if args.schedules else "")
+          + (f" --free {args.free}" if args.free else "")
+          + (f" --ttl {args.ttl}" if args.ttl != TTL else "")
+          + (f" --kinds {args.kinds}" if args.kinds else "") + ")", flush=True)
+    kinds = set(args.kinds.split(",")) if args.kinds else None
+    unknown = (kinds or set()) - set(NODE_KINDS) - set(REGISTRY_KINDS) - set(PG_ONLY_KINDS)
+    if unknown:
+        ap.error(f"unknown fault kinds {sorted(unknown)}")
+    ps = plans(seed, args.minutes, args.registry, args.nodes, args.schedules,
+               args.ttl.strip("'"), args.free, kinds)
+    if args.only:
+        ps = [p for p in ps if p.index in args.only]
+    for p in ps:
+        print(p.text(), flush=True)
+    if args.dry_run:
+        return 0
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+    results = []
+    failed = False
+    for p in ps:
+        try:
+            r = run_plan(p, verbose=not args.quiet, keep=args.keep)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            print(f"chaos: schedule {p.index} could not run: {e}", flush=True)
+            return 2
+        results.append(r)
+        print(human(r), flush=True)
+        print("CHAOS-RESULT " + json.dumps(r, default=str), flush=True)
+        if not r["ok"]:
+            failed = True
+            if not args.keep_going:
+                break
+    summary = {
+        "seed": seed, "schedules": [r["schedule"] for r in results],
+        "registries": [r["registry"] for r in results],
+        "faults": dict(sum((Counter({k: v.get("done", 0) for k, v in r["faults"].items()})
+                            for r in results), Counter())),
+        "faults_injected": sum(r["faults_injected"] for r in results),
+        "ids_checked": sum(r["ids_checked"] for r in results),
+        "duplicates": sum(r["duplicates"] for r in results),
+        "session_order_violations": sum(r["session_order_violations"] for r in results),
+        "overlap_violations": sum(r["overlap_violations"] for r in results),
+        "refusing_seconds": {f"{r['schedule']}/{n}": v["seconds"]
+                             for r in results for n, v in r["refusing"].items()},
+        "failed_schedules": [r["schedule"] for r in results if not r["ok"]],
+        "ok": not failed,
+    }
+    print("CHAOS-SUMMARY " + json.dumps(summary), flush=True)
+    print(f"chaos: seed {seed}: {len(results)} schedule(s), {summary['faults_injected']} faults, "
+          f"{summary['ids_checked']} IDs checked, {summary['duplicates']} duplicates, "
+          f"{summary['session_order_violations']} session order violations, "
+          f"{summary['overlap_violations']} overlap violations: "
+          f"{'OK' if not failed else 'FAILED'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
