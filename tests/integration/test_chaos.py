@@ -27,7 +27,10 @@ class ShortChaosCampaign(unittest.TestCase):
         result = chaos.run_plan(plan, verbose=False)
         report = chaos.human(result)
         print(f"\n{plan.text()}\n{report}", flush=True)
-        self.assertGreater(result["faults_injected"], 3, report)
+        # Not a vacuous run. A composite fault is skipped when its moment does not come (the
+        # waiting node got an id another way, a node was busy restarting): on a loaded
+        # machine a 40 s schedule of composites may play only a few of them.
+        self.assertGreaterEqual(result["faults_injected"], 1 if kinds else 4, report)
         self.assertGreater(result["ids_checked"], 1000, report)
         found = {k: result[k] for k in ("duplicates", "session_order_violations",
                                         "overlap_violations")}
