@@ -571,21 +571,20 @@ class ChaosRedis(Redis):
         self.log.close()
 
 
-README_DDL = """
-CREATE TABLE IF NOT EXISTS snowflake_registry (
-    singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    incarnation   text    NOT NULL,
-    born_unix_ms  bigint  NOT NULL,
-    epoch_unix_ms bigint  NOT NULL
-);
-CREATE TABLE IF NOT EXISTS snowflake_claims (
-    datacenter_id      integer NOT NULL,
-    worker_id          integer NOT NULL,
-    holder             text,
-    expires_unix_ms    bigint,
-    high_water_unix_ms bigint,
-    PRIMARY KEY (datacenter_id, worker_id)
-);"""
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+
+
+def readme_ddl():
+    """The coordinator's DDL as the README ("Fleets") gives it to a DBA: the campaign's DBA
+    runs exactly that, so the README's statements stay tested. IF NOT EXISTS added: a node
+    may create the tables at the same moment."""
+    with open(README) as f:
+        text = f.read()
+    start = text.index("CREATE TABLE snowflake_registry (")
+    end = text.index("-- The nodes' user needs", start)
+    return (text[start:end]
+            .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
+            .replace("CREATE UNLOGGED TABLE ", "CREATE UNLOGGED TABLE IF NOT EXISTS "))
 
 FAKE_PG_UPSERT = """
 INSERT INTO snowflake_claims AS c
@@ -689,7 +688,7 @@ class ChaosCoordinator(Coordinator):
 
     def make_tables(self):
         try:
-            self.cluster.sql(README_DDL)
+            self.cluster.sql(readme_ddl())
         except psycopg.errors.UniqueViolation:
             pass  # a node created them at the same moment (CREATE TABLE IF NOT EXISTS races)
 
