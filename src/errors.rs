@@ -9,7 +9,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 use crate::dbtext::for_message;
 
-use snowflake_core::durable::{self, LayoutRecord};
+use snowflake_core::durable::{self, LayoutRecord, ResumePlan};
 use snowflake_core::generator::{Events, GenerateError};
 use snowflake_core::layout::{Epoch, LayoutError};
 use snowflake_core::settings::{self, format_unix_ms, EpochProblem, SettingError};
@@ -224,17 +224,6 @@ pub fn generate(err: GenerateError, epoch: Epoch) -> SnowflakeError {
             ),
             "Wait until the clock catches up with the last issued ID, or correct the server's time source.",
         ),
-        GenerateError::BehindFailoverFloor {
-            ahead_ms,
-            max_drift_ms,
-        } => SnowflakeError::new(
-            PgSqlErrorCode::ERRCODE_SYSTEM_ERROR,
-            format!("cannot issue snowflake IDs for another {} ms after promotion", ahead_ms - max_drift_ms),
-            format!(
-                "This server was promoted. IDs resume {ahead_ms} ms ahead of its clock, past every lease the old primary could have written; snowflake.max_clock_drift allows {max_drift_ms} ms. No ID was issued."
-            ),
-            "Retry when the time has passed, or set snowflake.clock_behind_action = 'wait' so that callers wait (up to snowflake.max_clock_wait). The server log has the numbers behind the resume point.",
-        ),
         GenerateError::TimestampExhausted { timestamp } => SnowflakeError::new(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "the current time is beyond the range of snowflake IDs",
@@ -398,15 +387,46 @@ pub fn renewals_too_slow(renewals: u32, last_renewal_ms: u64, window_ms: u64) ->
     )
 }
 
-/// The LOG line written when a promoted server places its resume point.
-pub fn failover_resume(floor_unix_ms: i64, lead_ms: i64, margin_ms: i64) -> SnowflakeError {
+/// LOG at the first ID after a promotion that was not a clean switchover.
+pub fn failover_resume(
+    plan: &ResumePlan,
+    now_unix_ms: i64,
+    lead_ms: i64,
+    margin_ms: i64,
+    skipped: u32,
+) -> SnowflakeError {
+    let skipped = if skipped > 0 {
+        format!(" {skipped} timeline(s) since the newest lease each add as much again.")
+    } else {
+        String::new()
+    };
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
-        format!("snowflake: promoted; IDs resume at {}", ms(floor_unix_ms)),
         format!(
-            "The newest lease was written on another timeline. The old primary's clock was seen {lead_ms} ms ahead of this server's; the resume point adds its largest lease reach and a margin of {margin_ms} ms."
+            "snowflake: promoted without the old primary's clean shutdown; IDs resume at {}, {} ms ahead of this server's clock",
+            ms(plan.floor_unix_ms),
+            plan.lead_ms(now_unix_ms)
         ),
-        "Until this server's clock is within snowflake.max_clock_drift of that time, snowflake_next() waits or fails as snowflake.clock_behind_action says.",
+        format!(
+            "The old primary may have written leases this server never received. Its clock was seen {lead_ms} ms ahead of this server's; the resume point adds its largest lease reach and a margin of {margin_ms} ms.{skipped}"
+        ),
+        "No action is needed: IDs are issued from the resume point at once, ahead of the clock by at most that much, until the clock catches up.",
+    )
+}
+
+/// LOG at the first ID after a promotion that followed the old primary's clean shutdown.
+pub fn switchover_resume(plan: &ResumePlan, now_unix_ms: i64) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        format!(
+            "snowflake: promoted after a clean switchover; IDs resume at {}, the old primary's lease end",
+            ms(plan.floor_unix_ms)
+        ),
+        format!(
+            "This server replayed the old primary's shutdown checkpoint as the last record of its timeline, so it has every lease the old primary wrote. The resume point is {} ms ahead of this server's clock.",
+            plan.lead_ms(now_unix_ms)
+        ),
+        "No action is needed: IDs are issued from the resume point at once.",
     )
 }
 

@@ -14,10 +14,11 @@ use crate::gucs;
 use crate::origin;
 use crate::server;
 use crate::shmem::{self, Node};
+use crate::timeline;
 use crate::wal;
 use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::durable::{
-    self, AdoptedOrigin, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
+    self, AdoptedOrigin, Ancestry, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
 };
 use snowflake_core::generator::Generator;
 use snowflake_core::layout::{Epoch, EpochMs, UnixMs};
@@ -62,9 +63,11 @@ fn first_generation_config(function: &'static str) -> errors::Result<Config> {
 
 /// Once per server start (and per crash restart, and after a promotion): check the recorded
 /// layout against the configuration and decide where IDs resume (`durable::plan_resume`):
-/// at the durable lease end after a restart, past every lease the old primary could have
-/// written after a promotion. File I/O runs under the DURABLE lock, never under the
-/// generator's. Called once per backend, before READY is set.
+/// at the durable lease end after a restart or a clean switchover, past every lease the old
+/// primary could have written after any other promotion. A promoted node issues from its
+/// resume point at once, ahead of its clock if need be (`Resumed::Promoted`). File I/O runs
+/// under the DURABLE lock, never under the generator's. Called once per backend, before
+/// READY is set.
 fn ensure_loaded(config: &Config) -> errors::Result<()> {
     // Never record an epoch that cannot generate now (in the future, or exhausted).
     check_epoch_at(config.epoch, server::now_unix_ms()).map_err(errors::epoch_problem)?;
@@ -74,10 +77,21 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
         let live_peer = state
             .as_ref()
             .and_then(|s| wal::live_peer_clock(s.reach_cap_ms));
+        let timeline = wal::insertion_timeline();
+        let lease_timeline = state.as_ref().map(|s| s.timeline);
+        // Read only after a promotion: the timelines since the newest lease's, and how
+        // each ended.
+        let ancestry = if lease_timeline.map_or(timeline > 1, |t| t != 0 && t != timeline) {
+            timeline::ancestry(lease_timeline, timeline)
+        } else {
+            Ancestry::default()
+        };
+        let now = server::now_unix_ms();
         let plan = durable::plan_resume(
             state.as_ref(),
-            wal::insertion_timeline(),
-            server::now_unix_ms(),
+            timeline,
+            ancestry,
+            now,
             live_peer,
             configured_reach_cap_ms(),
         );
@@ -85,10 +99,16 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             .map(|s| config.epoch.timestamp_or_zero(UnixMs(s.lease_end_unix_ms)))
             .unwrap_or_default();
         let floor = config.epoch.timestamp_or_zero(UnixMs(plan.floor_unix_ms));
-        if let ResumeKind::Failover { lead_ms, margin_ms } = plan.kind {
-            errors::failover_resume(plan.floor_unix_ms, lead_ms, margin_ms).log();
+        match plan.kind {
+            ResumeKind::Failover {
+                lead_ms,
+                margin_ms,
+                skipped,
+            } => errors::failover_resume(&plan, now, lead_ms, margin_ms, skipped).log(),
+            ResumeKind::Switchover => errors::switchover_resume(&plan, now).log(),
+            _ => {}
         }
-        let resumed = plan.kind.resumed(config.epoch);
+        let resumed = plan.resumed(config.epoch, now);
         let mut shared = shmem::GENERATOR.exclusive();
         match config.worker_id {
             WorkerId::Fixed(worker_id) => {
@@ -243,16 +263,26 @@ fn write_lease(
         layout: LayoutRecord::current(config.epoch),
         written_unix_ms: now,
         timeline: wal::insertion_timeline(),
-        reach_cap_ms: configured_reach_cap_ms(),
+        reach_cap_ms: recorded_reach_cap_ms(),
     };
     // File before WAL: a base backup taken after a record's checkpoint then always copies a
     // file at least as new as every record it will not replay.
     durable::write(&server::data_dir(), &StateFile::own(&record))
         .map_err(|e| errors::state_file(&e, true))?;
     durable_state.lease_lsn = wal::log_lease(&record);
+    durable_state.last_record = Some(record);
     durable_state.lease_end = new_end;
     durable_state.lease_writes += 1;
     Ok(())
+}
+
+/// The furthest past its clock this server may place a lease now, as its lease records say:
+/// the configured reach, plus, after a promotion and until the clock caught up with the
+/// resume point, how far ahead of the clock IDs may run. The next node promoted counts on
+/// it. Called under the DURABLE lock (which comes before the generator's).
+fn recorded_reach_cap_ms() -> i64 {
+    let allowance = shmem::GENERATOR.share().generator.lead_allowance_ms();
+    configured_reach_cap_ms().saturating_add(allowance as i64)
 }
 
 /// The furthest past its clock this server may place a lease with the current settings.

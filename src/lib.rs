@@ -26,6 +26,7 @@ mod rows;
 mod server;
 mod shmem;
 mod stats;
+mod timeline;
 mod wal;
 mod watermark;
 

@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic, PgLwLock};
 
 use snowflake_core::claim::{ClaimStatus, Fence};
+use snowflake_core::durable::LeaseRecord;
 use snowflake_core::generator::{Events, Generator};
 use snowflake_core::layout::EpochMs;
 use snowflake_core::ratelimit::RateLimiter;
@@ -65,6 +66,9 @@ pub struct SharedDurable {
     pub lease_lsn: u64,
     /// Lease extensions written since start.
     pub lease_writes: u64,
+    /// The newest lease record written since start: written again, unchanged, when a
+    /// synchronous standby must be given new WAL to confirm (see `wal::wait_for_confirmation`).
+    pub last_record: Option<LeaseRecord>,
 }
 
 // SAFETY: plain `Copy` data without pointers.

@@ -147,6 +147,12 @@ pub fn confirmed(lsn: u64, level: usize) -> bool {
     }
 }
 
+/// How long a wait for the synchronous standbys lasts before they are given new WAL to
+/// confirm (ms); doubled after each such nudge, up to [`MAX_NUDGE_INTERVAL_MS`].
+const FIRST_NUDGE_AFTER_MS: u64 = 20;
+/// The longest interval between two nudges of the same wait (ms).
+const MAX_NUDGE_INTERVAL_MS: u64 = 1_000;
+
 /// Waits until the synchronous standbys (if this session asks for them) have confirmed the
 /// lease record ending at `lsn`. Returns the level that was confirmed (`None`: no standby
 /// needed to confirm it).
@@ -156,6 +162,14 @@ pub fn confirmed(lsn: u64, level: usize) -> bool {
 /// (no ID is issued), and clearing `synchronous_standby_names` ends the wait at once. The
 /// loop polls every millisecond, which costs nothing next to the standby's round trip; the
 /// wait shows in `pg_stat_activity` as wait event `Extension`.
+///
+/// A standby's confirmations count for synchronous replication only while it is a
+/// synchronous standby: a record it flushed while `synchronous_standby_names` was empty is
+/// confirmed only by its next report, which comes when new WAL arrives or after
+/// `wal_receiver_status_interval` (10 s by default). A commit writes new WAL; a lease record
+/// written earlier by an asynchronous session has none behind it. So when a wait lasts, the
+/// newest lease record is written again (replay ignores a lease it already has), and the
+/// wait goes on for that one: the standby answers as soon as it flushed it.
 pub fn wait_for_confirmation(lsn: u64) -> Option<usize> {
     if lsn == 0 {
         return None;
@@ -163,13 +177,34 @@ pub fn wait_for_confirmation(lsn: u64) -> Option<usize> {
     // A standby can confirm only what was flushed here; the writer may not have flushed it.
     // SAFETY: not in recovery (generation checks it); XLogFlush returns at once if done.
     unsafe { pg_sys::XLogFlush(lsn) };
+    let mut target = lsn;
+    let mut patience_ms = FIRST_NUDGE_AFTER_MS;
+    let mut since = crate::server::monotonic_ms();
     loop {
         let level = sync_wait_level()?;
-        if confirmed(lsn, level) {
+        if confirmed(target, level) {
             return Some(level);
+        }
+        let now = crate::server::monotonic_ms();
+        if now.saturating_sub(since) >= patience_ms {
+            target = target.max(nudge());
+            since = now;
+            patience_ms = (patience_ms * 2).min(MAX_NUDGE_INTERVAL_MS);
         }
         crate::server::sleep_ms(1);
     }
+}
+
+/// Writes the newest lease record again and flushes it: new WAL that the synchronous
+/// standbys confirm as soon as they flushed it. Its end LSN (0 if there is no record).
+fn nudge() -> u64 {
+    let record = crate::shmem::DURABLE.share().last_record;
+    let Some(lsn) = record.and_then(|r| insert(XLOG_SNOWFLAKE_LEASE, &r.encode())) else {
+        return 0;
+    };
+    // SAFETY: as in wait_for_confirmation.
+    unsafe { pg_sys::XLogFlush(lsn) };
+    lsn
 }
 
 /// `Some(lead)` of the primary's clock over this server's, from what this standby's WAL

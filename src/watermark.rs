@@ -41,10 +41,14 @@ static HOLDING: AtomicBool = AtomicBool::new(false);
 /// What shared memory knows of the prepared-transaction file.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PreparedState {
-    /// The file was read since shared memory was set up.
+    /// The file was read (and rewritten) since shared memory was set up.
     loaded: bool,
-    /// Holds in the file as last read or written (0: the reader skips the file).
-    count: u32,
+    /// Hold lines in the file as last read or written (0: the reader skips the file).
+    lines: u32,
+    /// Holds in flight when the file was last rewritten.
+    live: u32,
+    /// The file ends with a whole line of the current format: it may be appended to.
+    appendable: bool,
 }
 
 // SAFETY: plain `Copy` data without pointers.
@@ -217,8 +221,10 @@ unsafe extern "C-unwind" fn on_xact_event(
     }
 }
 
-/// Records a transaction being prepared with its bound: WAL first (a standby that replays
-/// the PREPARE has replayed this), then the file, fsync'd, before the PREPARE is written.
+/// Records a transaction being prepared with its bound: the file first, fsync'd, then the
+/// WAL record, both before the PREPARE is written (a standby that replays the PREPARE has
+/// replayed the hold). File before WAL, as for the lease: a base backup whose start
+/// checkpoint comes after the record copies a file that has the hold.
 fn keep_prepared(bound: i64) {
     // SAFETY: inside a transaction that is being prepared; assigns its xid if it had none.
     let full_xid = unsafe { pg_sys::GetTopFullTransactionId().value };
@@ -226,48 +232,91 @@ fn keep_prepared(bound: i64) {
         full_xid,
         min_id: bound,
     };
+    add_hold(hold).unwrap_or_else(|e| e.raise("PREPARE TRANSACTION"));
     wal::log_prepared_hold(&hold);
-    add_hold(hold, true).unwrap_or_else(|e| e.raise("PREPARE TRANSACTION"));
 }
 
-/// Adds a replayed hold to the file (WAL redo: standby, or crash recovery). Ended
-/// transactions are dropped later, once the server accepts connections.
+/// Adds a replayed hold to the file (WAL redo: standby, or crash recovery).
 pub(crate) fn redo_prepared_hold(hold: PreparedHold) -> errors::Result<()> {
-    add_hold(hold, false)
+    add_hold(hold)
 }
 
-/// Adds `hold` to the file, first dropping ended transactions if `drop_ended`.
-fn add_hold(hold: PreparedHold, drop_ended: bool) -> errors::Result<()> {
+/// Adds `hold` to the file: one appended line, fsync'd. The file is rewritten instead,
+/// without the holds of ended transactions, the first time after a start (a crash may have
+/// cut an append short) and whenever it has grown to twice its live holds
+/// (`holds::needs_compaction`), so that it stays as small as what is in flight and each
+/// hold costs one small write on average, on the primary and in replay alike.
+fn add_hold(hold: PreparedHold) -> errors::Result<()> {
+    let dir = server::data_dir();
     let mut state = PREPARED.exclusive();
-    let mut file = load(&mut state)?;
-    if drop_ended {
-        file.retain_in_flight(in_flight);
+    if state.loaded
+        && state.appendable
+        && !holds::needs_compaction(state.lines as usize, state.live as usize)
+    {
+        holds::append(&dir, &hold).map_err(|e| errors::prepared_file(&e, true))?;
+        state.lines += 1;
+        return Ok(());
     }
+    let mut file = read(&mut state)?;
+    file.retain_in_flight(in_flight);
     file.add(hold);
     store(&mut state, &file)
 }
 
-fn load(state: &mut PreparedState) -> errors::Result<PreparedHolds> {
+/// Reads the file, and notes what shared memory must know of it.
+fn read(state: &mut PreparedState) -> errors::Result<PreparedHolds> {
     let file = holds::read(&server::data_dir()).map_err(|e| errors::prepared_file(&e, false))?;
     state.loaded = true;
-    state.count = file.holds.len() as u32;
-    Ok(file)
+    state.lines = file.lines as u32;
+    state.appendable = file.appendable;
+    Ok(file.holds)
 }
 
+/// Rewrites the file with exactly `file`'s holds.
 fn store(state: &mut PreparedState, file: &PreparedHolds) -> errors::Result<()> {
     holds::write(&server::data_dir(), file).map_err(|e| errors::prepared_file(&e, true))?;
-    state.count = file.holds.len() as u32;
+    state.lines = file.holds.len() as u32;
+    state.live = state.lines;
+    state.appendable = true;
     Ok(())
 }
 
-/// Whether the transaction is still in flight (prepared, or being prepared). One that is
-/// 2^31 transactions old has certainly ended, whatever its 32-bit xid says now.
+/// Whether the transaction is still in flight (prepared, or being prepared).
 fn in_flight(full_xid: u64) -> bool {
-    // SAFETY: plain calls; TransactionIdIsInProgress takes ProcArrayLock itself.
+    // SAFETY: plain calls; TransactionIdIsInProgress takes ProcArrayLock itself, and the
+    // commit log is kept up to date by replay.
     unsafe {
         let next = pg_sys::ReadNextFullTransactionId().value;
-        next.saturating_sub(full_xid) < (1 << 31)
-            && pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from(full_xid as u32))
+        if full_xid >= next {
+            return true;
+        }
+        // One that is 2^31 transactions old has certainly ended, whatever its 32-bit xid
+        // says now.
+        if next - full_xid >= 1 << 31 {
+            return false;
+        }
+        let xid = pg_sys::TransactionId::from(full_xid as u32);
+        if !pg_sys::RecoveryInProgress() {
+            return pg_sys::TransactionIdIsInProgress(xid);
+        }
+        // In replay, the process array does not know prepared transactions (without
+        // hot_standby): the commit log does. Older than the oldest xid it keeps means ended;
+        // a transaction a crash cut short before its PREPARE stays until the promotion.
+        !pg_sys::TransactionIdPrecedes(xid, oldest_xid())
+            && !pg_sys::TransactionIdDidCommit(xid)
+            && !pg_sys::TransactionIdDidAbort(xid)
+    }
+}
+
+/// The oldest transaction id whose commit status is still kept.
+fn oldest_xid() -> pg_sys::TransactionId {
+    // SAFETY: shared memory set up at start; a 32-bit aligned read.
+    unsafe {
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        let oldest = (*pg_sys::TransamVariables).oldestXid;
+        #[cfg(not(any(feature = "pg17", feature = "pg18")))]
+        let oldest = (*pg_sys::ShmemVariableCache).oldestXid;
+        oldest
     }
 }
 
@@ -275,11 +324,13 @@ fn in_flight(full_xid: u64) -> bool {
 /// from the file.
 fn prepared_min() -> errors::Result<Option<i64>> {
     let mut state = PREPARED.exclusive();
-    if state.loaded && state.count == 0 {
+    if state.loaded && state.lines == 0 {
         return Ok(None);
     }
-    let mut file = load(&mut state)?;
-    if file.retain_in_flight(in_flight) {
+    let mut file = read(&mut state)?;
+    // Rewritten if a hold ended, or appears twice, or the last append was cut short.
+    let duplicates = state.lines as usize != file.holds.len();
+    if file.retain_in_flight(in_flight) || duplicates || !state.appendable {
         store(&mut state, &file)?;
     }
     Ok(file.min_id())

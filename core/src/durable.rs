@@ -87,11 +87,12 @@ pub struct StateFile {
     pub peer: Option<PeerClock>,
 }
 
-/// Largest lease reach any setting allows (3 h: drift, window and widening of 1 h each),
-/// with room to spare; a larger recorded reach is damage, not configuration.
-const MAX_RECORDED_REACH_MS: i64 = 24 * 3_600_000;
 /// Largest clock lead of a primary a standby may have recorded (±100 years).
 const MAX_RECORDED_LEAD_MS: i64 = 100 * 365 * 86_400_000;
+/// Largest lease reach a server can record: any setting allows 3 h (drift, window and
+/// widening of 1 h each), with room to spare, plus the lead of a resume point after a
+/// promotion (the old primary's clock lead and reach). Beyond that is damage.
+const MAX_RECORDED_REACH_MS: i64 = 2 * (24 * 3_600_000) + MAX_RECORDED_LEAD_MS;
 
 impl StateFile {
     /// Every field within what a server can have written: a layout that fits 63 bits with an
@@ -272,14 +273,21 @@ pub enum ResumeKind {
         /// How far past `written_unix_ms` that lease may lawfully reach (ms).
         reach_ms: i64,
     },
-    /// The newest lease was written on another timeline: this node was promoted (or
-    /// restored to a new timeline), and the old primary may have written leases it never
-    /// received. The resume point covers them.
+    /// Promoted after a clean switchover: every timeline since the newest lease's ended
+    /// with a shutdown checkpoint that this node replayed, so it has every lease the old
+    /// primaries wrote. IDs resume at the newest lease end.
+    Switchover,
+    /// Promoted (or restored to a new timeline) without knowing the old primary's last
+    /// WAL: it may have written leases this node never received. The resume point covers
+    /// them.
     Failover {
         /// The old primary's clock lead used (ms), 0 when unknown.
         lead_ms: i64,
         /// The safety margin added (ms).
         margin_ms: i64,
+        /// Timelines between the newest lease's and this node's: primaries that may have
+        /// issued IDs this node has no lease of (each adds one more reach, lead and margin).
+        skipped: u32,
     },
 }
 
@@ -292,6 +300,19 @@ pub struct ResumePlan {
     pub kind: ResumeKind,
 }
 
+/// What a node just promoted knows of the timelines it descends from, read from its
+/// timeline history and its WAL (see [`crate::walend`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ancestry {
+    /// Timelines strictly between the newest lease's and this node's: primaries whose
+    /// leases this node may never have seen.
+    pub skipped: u32,
+    /// Whether the newest lease's timeline and every skipped one ended with a shutdown
+    /// checkpoint that this node replayed as that timeline's last record: each old primary
+    /// shut down cleanly, and this node has all of its WAL, so every lease it wrote.
+    pub clean: bool,
+}
+
 /// Margin for a failover floor (ms): 100 ms for the transit of the last message the standby
 /// saw (its estimate of the lead is short by it), plus 500 ppm (the largest frequency
 /// correction the kernel applies to a disciplined clock) of the time since that
@@ -300,11 +321,12 @@ pub fn failover_margin_ms(since_observation_ms: i64) -> i64 {
     100 + since_observation_ms.max(0) / 2_000
 }
 
-impl ResumeKind {
+impl ResumePlan {
     /// What the generator meets before its first ID after resuming so (`epoch` converts the
-    /// lease writer's time to the generator's milliseconds).
-    pub fn resumed(self, epoch: Epoch) -> Resumed {
-        match self {
+    /// lease writer's time to the generator's milliseconds; `now_unix_ms` is the clock the
+    /// plan was made with).
+    pub fn resumed(&self, epoch: Epoch, now_unix_ms: i64) -> Resumed {
+        match self.kind {
             ResumeKind::Fresh | ResumeKind::Restart => Resumed::Restart,
             ResumeKind::ClockBehind {
                 step_back_ms,
@@ -315,60 +337,102 @@ impl ResumeKind {
                 written: epoch.timestamp_or_zero(UnixMs(written_unix_ms)).0,
                 reach_ms: reach_ms.max(0) as u64,
             },
-            ResumeKind::Failover { .. } => Resumed::Failover,
+            ResumeKind::Switchover | ResumeKind::Failover { .. } => Resumed::Promoted {
+                lead_allowance_ms: self.lead_ms(now_unix_ms),
+            },
         }
+    }
+
+    /// How far the resume point is ahead of the clock `now_unix_ms` (ms, 0 if not).
+    pub fn lead_ms(&self, now_unix_ms: i64) -> u64 {
+        (self.floor_unix_ms - now_unix_ms).max(0) as u64
     }
 }
 
-/// Where to resume, from the recorded state, the timeline the server now writes on, its
-/// clock, the freshest observation of the old primary's clock that shared memory still
-/// holds (the WAL receiver's last message; lost at a restart), and the reach cap of the
-/// current settings (`reach_cap_ms(lease_window, max_clock_drift)`). A restart is lawful
-/// when the clock is not earlier than when the newest lease was written and the resume point
-/// is within the larger of that reach and the one the lease's writer recorded: the lease may
-/// reach that far past a sane clock (IDs borrowed up to `max_clock_drift` ahead, the window,
-/// its widening after slow renewals), so waiting for it is expected, never an error.
+/// Where to resume, from the recorded state, the timeline the server now writes on, what it
+/// knows of the timelines in between ([`Ancestry`]), its clock, the freshest observation of
+/// the old primary's clock that shared memory still holds (the WAL receiver's last message;
+/// lost at a restart), and the reach cap of the current settings
+/// (`reach_cap_ms(lease_window, max_clock_drift)`).
 ///
-/// On a failover the floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
+/// A restart is lawful when the clock is not earlier than when the newest lease was
+/// written and the resume point is within the larger of that reach and the one the lease's
+/// writer recorded: the lease may reach that far past a sane clock (IDs borrowed up to
+/// `max_clock_drift` ahead, the window, its widening after slow renewals), so waiting for
+/// it is expected, never an error.
+///
+/// A node on another timeline than its newest lease's was promoted (or restored). After a
+/// clean switchover it has every lease of the old primary: it resumes at the newest lease
+/// end. Otherwise the floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
 /// which died before this promotion, read at most `now + lead` on its clock, and never wrote
-/// a lease further than `reach_cap` ahead of its clock; this node itself (if it was a primary
-/// before, rewound since) read at most `now` on its own.
+/// a lease further than `reach_cap` ahead of its clock (a lease written while it ran ahead
+/// after its own promotion records that lead in its reach); this node itself (if it was a
+/// primary before, rewound since) read at most `now` on its own. Each skipped timeline adds
+/// one more `lead + reach_cap + margin`: its primary resumed at most that far past the one
+/// before. With no state file, a node on a timeline after the first one may descend from a
+/// primary that issued IDs it never received a lease of: the same floor, with the current
+/// settings' reach.
 pub fn plan_resume(
     state: Option<&StateFile>,
     timeline: u32,
+    ancestry: Ancestry,
     now_unix_ms: i64,
     live_peer: Option<PeerClock>,
     restart_reach_ms: i64,
 ) -> ResumePlan {
-    let Some(state) = state else {
-        return ResumePlan {
-            floor_unix_ms: 0,
-            kind: ResumeKind::Fresh,
-        };
+    let promoted = match state {
+        Some(s) => s.timeline != 0 && timeline != 0 && s.timeline != timeline,
+        None => timeline > 1,
     };
-    let lease = state.lease_end_unix_ms;
-    if state.timeline != 0 && timeline != 0 && state.timeline != timeline {
-        let peer = match (state.peer, live_peer) {
+    let lease = state.map_or(0, |s| s.lease_end_unix_ms);
+    if promoted && ancestry.clean {
+        let kind = if state.is_some() {
+            ResumeKind::Switchover
+        } else {
+            ResumeKind::Fresh
+        };
+        return ResumePlan {
+            floor_unix_ms: lease,
+            kind,
+        };
+    }
+    if promoted {
+        let old_peer = state.and_then(|s| s.peer);
+        let peer = match (old_peer, live_peer) {
             (Some(old), Some(new)) => Some(PeerClock::merged(Some(old), new)),
             (old, new) => new.or(old),
         };
         // Never less than this server's own clock: a node rewound (pg_rewind) from a former
         // primary may itself have written leases on the timeline it left.
         let lead_ms = peer.map_or(0, |p| p.lead_ms).max(0);
-        let reach = peer.map_or(state.reach_cap_ms, |p| {
-            p.reach_cap_ms.max(state.reach_cap_ms)
-        });
+        let recorded_reach = state.map_or(restart_reach_ms, |s| s.reach_cap_ms);
+        let reach = peer.map_or(recorded_reach, |p| p.reach_cap_ms.max(recorded_reach));
         let since = peer.map_or(0, |p| now_unix_ms - p.observed_unix_ms);
         let margin_ms = failover_margin_ms(since);
+        let skipped = ancestry.skipped;
+        let per_skipped = lead_ms
+            .saturating_add(reach.max(restart_reach_ms))
+            .saturating_add(margin_ms);
         let floor = now_unix_ms
             .saturating_add(lead_ms)
             .saturating_add(reach)
-            .saturating_add(margin_ms);
+            .saturating_add(margin_ms)
+            .saturating_add(per_skipped.saturating_mul(i64::from(skipped)));
         return ResumePlan {
             floor_unix_ms: floor.max(lease),
-            kind: ResumeKind::Failover { lead_ms, margin_ms },
+            kind: ResumeKind::Failover {
+                lead_ms,
+                margin_ms,
+                skipped,
+            },
         };
     }
+    let Some(state) = state else {
+        return ResumePlan {
+            floor_unix_ms: 0,
+            kind: ResumeKind::Fresh,
+        };
+    };
     // A restart with a sane clock resumes at most one reach past it, as the writer's
     // settings or the current ones allow; further is a clock fault for the policy to judge.
     let reach_ms = restart_reach_ms.max(state.reach_cap_ms);
@@ -525,12 +589,18 @@ pub fn write(data_dir: &Path, state: &StateFile) -> io::Result<()> {
 /// Writes `value` as JSON to `data_dir/name`: a temporary file, fsync, rename, fsync of the
 /// directory. A crash leaves the old file or the new one, never a torn one.
 pub(crate) fn write_json<T: Serialize>(data_dir: &Path, name: &str, value: &T) -> io::Result<()> {
-    let tmp = data_dir.join(format!("{name}.tmp"));
     let mut body = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     body.push(b'\n');
+    write_atomically(data_dir, name, &body)
+}
+
+/// Replaces `data_dir/name` with `body`: a temporary file, fsync, rename, fsync of the
+/// directory. A crash leaves the old file or the new one, never a torn one.
+pub(crate) fn write_atomically(data_dir: &Path, name: &str, body: &[u8]) -> io::Result<()> {
+    let tmp = data_dir.join(format!("{name}.tmp"));
     {
         let mut f = File::create(&tmp)?;
-        f.write_all(&body)?;
+        f.write_all(body)?;
         f.sync_all()?;
     }
     fs::rename(&tmp, data_dir.join(name))?;
@@ -1028,11 +1098,11 @@ mod tests {
     #[test]
     fn resume_after_a_restart_or_with_the_clock_set_back() {
         assert_eq!(
-            plan_resume(None, 1, 123, None, 2_000).kind,
+            plan_resume(None, 1, Ancestry::default(), 123, None, 2_000).kind,
             ResumeKind::Fresh
         );
         let state = StateFile::own(&record(50_000)); // written at 49_000, timeline 1
-        let plan = plan_resume(Some(&state), 1, 49_500, None, 2_000);
+        let plan = plan_resume(Some(&state), 1, Ancestry::default(), 49_500, None, 2_000);
         assert_eq!(
             plan,
             ResumePlan {
@@ -1040,7 +1110,7 @@ mod tests {
                 kind: ResumeKind::Restart
             }
         );
-        let plan = plan_resume(Some(&state), 1, 19_000, None, 2_000);
+        let plan = plan_resume(Some(&state), 1, Ancestry::default(), 19_000, None, 2_000);
         assert_eq!(plan.floor_unix_ms, 50_000);
         let set_back = ResumeKind::ClockBehind {
             step_back_ms: 30_000,
@@ -1060,7 +1130,7 @@ mod tests {
             reach_ms: 2_000,
         };
         assert_eq!(
-            plan_resume(Some(&borrowed), 1, 20_000, None, 2_000).kind,
+            plan_resume(Some(&borrowed), 1, Ancestry::default(), 20_000, None, 2_000).kind,
             no_step
         );
         // The writer's recorded reach counts too (it may have allowed more borrowing).
@@ -1069,7 +1139,7 @@ mod tests {
             ..borrowed.clone()
         };
         assert_eq!(
-            plan_resume(Some(&wide), 1, 20_000, None, 2_000).kind,
+            plan_resume(Some(&wide), 1, Ancestry::default(), 20_000, None, 2_000).kind,
             ResumeKind::Restart
         );
         // Files of 0.2 know neither time nor timeline nor reach: the configured reach decides.
@@ -1079,10 +1149,10 @@ mod tests {
             reach_cap_ms: 0,
             ..state.clone()
         };
-        let restart = plan_resume(Some(&old), 2, 49_000, None, 2_000);
+        let restart = plan_resume(Some(&old), 2, Ancestry::default(), 49_000, None, 2_000);
         assert_eq!(restart.kind, ResumeKind::Restart);
         assert_eq!(
-            plan_resume(Some(&old), 2, 40_000, None, 2_000).kind,
+            plan_resume(Some(&old), 2, Ancestry::default(), 40_000, None, 2_000).kind,
             ResumeKind::ClockBehind {
                 step_back_ms: 0,
                 written_unix_ms: 0,
@@ -1097,7 +1167,7 @@ mod tests {
         // 3 s after its last observation of the primary.
         let state = StateFile::merged(None, &record(50_000), Some(peer(5_000, 44_000))).unwrap();
         let now = 47_000;
-        let plan = plan_resume(Some(&state), 2, now, None, 2_000);
+        let plan = plan_resume(Some(&state), 2, Ancestry::default(), now, None, 2_000);
         let margin = failover_margin_ms(3_000);
         assert_eq!(margin, 101);
         assert_eq!(plan.floor_unix_ms, now + 5_000 + 2_000 + margin);
@@ -1105,12 +1175,13 @@ mod tests {
             plan.kind,
             ResumeKind::Failover {
                 lead_ms: 5_000,
-                margin_ms: margin
+                margin_ms: margin,
+                skipped: 0
             }
         );
         // A fresher observation still in shared memory counts too.
         let live = peer(6_000, 46_900);
-        let plan = plan_resume(Some(&state), 2, now, Some(live), 2_000);
+        let plan = plan_resume(Some(&state), 2, Ancestry::default(), now, Some(live), 2_000);
         assert_eq!(
             plan.floor_unix_ms,
             now + 6_000 + 2_000 + failover_margin_ms(100)
@@ -1118,21 +1189,150 @@ mod tests {
         // A primary whose clock was behind: this node's own clock still counts.
         let behind = StateFile::merged(None, &record(45_000), Some(peer(-9_000, 44_000))).unwrap();
         assert_eq!(
-            plan_resume(Some(&behind), 2, now, None, 2_000).floor_unix_ms,
+            plan_resume(Some(&behind), 2, Ancestry::default(), now, None, 2_000).floor_unix_ms,
             now + 2_000 + margin
         );
         // Never below a lease the standby did receive.
         let far = StateFile::merged(None, &record(90_000), Some(peer(0, 44_000))).unwrap();
         assert_eq!(
-            plan_resume(Some(&far), 2, now, None, 2_000).floor_unix_ms,
+            plan_resume(Some(&far), 2, Ancestry::default(), now, None, 2_000).floor_unix_ms,
             90_000
         );
         // Nothing observed (a restore to a new timeline): the clocks are assumed equal.
         let own = StateFile::own(&record(50_000));
         assert_eq!(
-            plan_resume(Some(&own), 2, 60_000, None, 2_000).floor_unix_ms,
+            plan_resume(Some(&own), 2, Ancestry::default(), 60_000, None, 2_000).floor_unix_ms,
             60_000 + 2_000 + 100
         );
+    }
+
+    #[test]
+    fn a_clean_switchover_resumes_at_the_newest_lease_at_once() {
+        let state = StateFile::merged(None, &record(50_000), Some(peer(5_000, 44_000))).unwrap();
+        let clean = Ancestry {
+            skipped: 0,
+            clean: true,
+        };
+        let plan = plan_resume(Some(&state), 2, clean, 47_000, None, 2_000);
+        assert_eq!(
+            plan,
+            ResumePlan {
+                floor_unix_ms: 50_000,
+                kind: ResumeKind::Switchover
+            }
+        );
+        assert_eq!(
+            plan.resumed(Epoch::TWITTER, 47_000),
+            Resumed::Promoted {
+                lead_allowance_ms: 3_000
+            }
+        );
+        // Clean or not, a restart on the lease's own timeline is a restart.
+        assert_eq!(
+            plan_resume(Some(&state), 1, clean, 49_500, None, 2_000).kind,
+            ResumeKind::Restart
+        );
+        // No lease anywhere, and the old primary shut down cleanly: a new cluster.
+        assert_eq!(
+            plan_resume(None, 2, clean, 47_000, None, 2_000).kind,
+            ResumeKind::Fresh
+        );
+    }
+
+    #[test]
+    fn a_promotion_before_the_first_lease_record_covers_the_old_primary() {
+        let unknown = Ancestry::default();
+        // Timeline 1 is where every cluster starts: nothing came before it.
+        assert_eq!(
+            plan_resume(None, 1, unknown, 47_000, None, 2_000).kind,
+            ResumeKind::Fresh
+        );
+        let plan = plan_resume(None, 2, unknown, 47_000, None, 2_000);
+        assert_eq!(plan.floor_unix_ms, 47_000 + 2_000 + 100);
+        // The WAL receiver's last view of the old primary's clock counts.
+        let live = peer(3_000, 46_900);
+        let plan = plan_resume(None, 2, unknown, 47_000, Some(live), 2_000);
+        assert_eq!(
+            plan.floor_unix_ms,
+            47_000 + 3_000 + 2_000 + failover_margin_ms(100)
+        );
+        assert_eq!(
+            plan.resumed(Epoch::TWITTER, 47_000),
+            Resumed::Promoted {
+                lead_allowance_ms: 5_100
+            }
+        );
+    }
+
+    #[test]
+    fn each_skipped_timeline_adds_a_lead_a_reach_and_a_margin() {
+        let state = StateFile::own(&record(50_000));
+        let skipped = Ancestry {
+            skipped: 2,
+            clean: false,
+        };
+        let plan = plan_resume(Some(&state), 4, skipped, 60_000, None, 3_000);
+        // This node's settings reach further than the recorded ones: the skipped primaries
+        // may have run with them.
+        assert_eq!(plan.floor_unix_ms, 60_000 + 2_100 + 2 * 3_100);
+        assert_eq!(
+            plan.kind,
+            ResumeKind::Failover {
+                lead_ms: 0,
+                margin_ms: 100,
+                skipped: 2
+            }
+        );
+    }
+
+    proptest::proptest! {
+        /// Two failovers in a row, A to B to C, with any clock offsets, transit, reach and
+        /// timing. B resumes from its floor at once and issues up to its lead allowance ahead
+        /// of its clock; its leases record that lead in their reach. Whether or not C
+        /// received one of B's lease records, C's floor is above every ID B issued.
+        #[test]
+        fn repeated_failovers_stay_above_every_issued_id(
+            clock_a in -5_000i64..5_000,
+            clock_b in -5_000i64..5_000,
+            clock_c in -5_000i64..5_000,
+            transit in 0i64..100,
+            base in 1i64..10_000,
+            b_lived in 0i64..20_000,
+            c_waited in 0i64..20_000,
+            record_at in 0.0f64..=1.0,
+            got_b_record in proptest::bool::ANY,
+        ) {
+            let t_b = 2_000_000_000_000i64; // true time of B's promotion
+            let t_d = t_b + b_lived; // B dies
+            let t_c = t_d + c_waited; // C promoted
+            // What B and C recorded of A, replaying A's last lease.
+            let a_lease = LeaseRecord { reach_cap_ms: base, written_unix_ms: t_b + clock_a, lease_end_unix_ms: t_b + clock_a + base, ..record(0) };
+            let seen_a = |offset: i64| PeerClock { lead_ms: clock_a - offset - transit, observed_unix_ms: t_b - 1 + offset, reach_cap_ms: base };
+            let at_b = StateFile::merged(None, &a_lease, Some(seen_a(clock_b))).unwrap();
+            let plan_b = plan_resume(Some(&at_b), 2, Ancestry::default(), t_b + clock_b, None, base);
+            let allowance = plan_b.lead_ms(t_b + clock_b) as i64;
+            // B's highest ID, at its death: at most its lead allowance (or the drift, below
+            // the base reach) ahead of its clock.
+            let b_highest = (t_d + clock_b + allowance.max(base)).max(plan_b.floor_unix_ms);
+            let seen_b = PeerClock { lead_ms: clock_b - clock_c - transit, observed_unix_ms: t_d + clock_c, reach_cap_ms: base + allowance };
+            let plan_c = if got_b_record {
+                let t_rec = t_b + ((t_d - t_b) as f64 * record_at) as i64;
+                let b_lease = LeaseRecord {
+                    reach_cap_ms: base + allowance,
+                    written_unix_ms: t_rec + clock_b,
+                    lease_end_unix_ms: t_rec + clock_b + allowance + base,
+                    timeline: 2,
+                    ..a_lease
+                };
+                let at_c = StateFile::merged(Some(&StateFile::merged(None, &a_lease, Some(seen_a(clock_c))).unwrap()), &b_lease, Some(seen_b)).unwrap();
+                plan_resume(Some(&at_c), 3, Ancestry::default(), t_c + clock_c, None, base)
+            } else {
+                let at_c = StateFile::merged(None, &a_lease, Some(seen_a(clock_c))).unwrap();
+                let skipped = Ancestry { skipped: 1, clean: false };
+                plan_resume(Some(&at_c), 3, skipped, t_c + clock_c, Some(seen_b), base)
+            };
+            proptest::prop_assert!(plan_c.floor_unix_ms > b_highest, "{:?} vs {}", plan_c, b_highest);
+        }
     }
 
     proptest::proptest! {
@@ -1159,7 +1359,7 @@ mod tests {
             // A lease the primary wrote (on its own clock) before the promotion.
             let written = now - written_before_promotion + lead;
             let lease_end = written + (reach_cap as f64 * reach_frac) as i64;
-            let plan = plan_resume(Some(&seen), 2, now, None, 2_000);
+            let plan = plan_resume(Some(&seen), 2, Ancestry::default(), now, None, 2_000);
             proptest::prop_assert!(plan.floor_unix_ms >= lease_end);
         }
     }
@@ -1197,10 +1397,10 @@ mod tests {
                 reach_cap_ms: reach_cap_ms(window, drift),
             });
             let now = written + clock_offset;
-            let plan = plan_resume(Some(&state), 1, now, None, reach_cap_ms(new_window, new_drift));
+            let plan = plan_resume(Some(&state), 1, Ancestry::default(), now, None, reach_cap_ms(new_window, new_drift));
             proptest::prop_assert_eq!(plan.floor_unix_ms, lease);
             let floor = epoch.timestamp_or_zero(UnixMs(lease));
-            let mut g = Generator::resume(floor, floor, plan.kind.resumed(epoch));
+            let mut g = Generator::resume(floor, floor, plan.resumed(epoch, now));
             let policy = ClockPolicy {
                 max_drift_ms: new_drift as u64,
                 max_wait_ms: if wait_policy { max_wait } else { 1 },

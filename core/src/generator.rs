@@ -88,9 +88,15 @@ pub enum Resumed {
         /// How far past `written` that lease may lawfully reach (ms).
         reach_ms: u64,
     },
-    /// Promoted: the resume point covers the old primary's possible leases. The clock
-    /// policy applies.
-    Failover,
+    /// Promoted: the resume point is above every ID the old primary can have issued, and
+    /// may be ahead of this server's clock. IDs are issued from it at once, up to
+    /// `lead_allowance_ms` ahead of the clock, until the clock catches up (see
+    /// [`Generator::lead_allowance_ms`]).
+    Promoted {
+        /// How far ahead of the clock IDs may run meanwhile (ms): the resume point's lead
+        /// over the clock when it was decided.
+        lead_allowance_ms: u64,
+    },
 }
 
 /// The generator's state. `Copy` and plain data, so it can live in shared memory.
@@ -110,6 +116,9 @@ pub struct Generator {
     wall_last: u64,
     /// Timestamps below this are covered by the durable lease; 0 means none.
     lease_end: u64,
+    /// After a promotion, how far ahead of the wall clock IDs may run (ms) instead of
+    /// `max_drift_ms`, until an ID is issued within `max_drift_ms` of the clock; 0 otherwise.
+    lead_allowance_ms: u64,
     /// What happened so far.
     events: Events,
 }
@@ -160,13 +169,6 @@ pub enum GenerateError {
         /// The policy's bound.
         max_drift_ms: u64,
     },
-    /// After a promotion, the clock is too far behind the resume point to wait.
-    BehindFailoverFloor {
-        /// How far ahead of the wall clock the first ID would be, ms.
-        ahead_ms: u64,
-        /// The policy's bound.
-        max_drift_ms: u64,
-    },
     /// The next ID's timestamp does not fit 41 bits.
     TimestampExhausted {
         /// The timestamp that did not fit.
@@ -178,12 +180,28 @@ impl Generator {
     /// The generator after a restart or a promotion: every new ID has a timestamp at or above
     /// `floor`; IDs below `lease_end` (the durable lease) may be issued without a new lease.
     pub fn resume(floor: EpochMs, lease_end: EpochMs, resumed: Resumed) -> Generator {
+        let lead_allowance_ms = match resumed {
+            Resumed::Promoted { lead_allowance_ms } => lead_allowance_ms,
+            _ => 0,
+        };
         Generator {
             last_timestamp: floor.0,
             lease_end: lease_end.0,
             resumed,
+            lead_allowance_ms,
             ..Generator::default()
         }
+    }
+
+    /// How far ahead of the wall clock IDs may run now, beyond the clock policy's
+    /// `max_drift_ms` (0: no more than it). After a promotion the resume point may be ahead
+    /// of this server's clock by up to the old primary's lease reach (and the old primary's
+    /// clock lead, after an unclean failover): IDs are issued from it at once, and may stay
+    /// that far ahead (a load near 4,096 IDs/ms keeps the ID clock from falling back) until
+    /// one is issued within `max_drift_ms` of the clock. A lease written meanwhile reaches
+    /// this much further past the clock, and records it for the next promotion.
+    pub fn lead_allowance_ms(&self) -> u64 {
+        self.lead_allowance_ms
     }
 
     /// Raises the resume point to `floor` (never lowers it): every later ID has a timestamp at
@@ -302,21 +320,17 @@ impl Generator {
         let count = want.min(MAX_SEQUENCE - sequence + 1);
 
         let ahead_ms = timestamp - timestamp.min(wall);
-        if ahead_ms > policy.max_drift_ms {
-            let excess = ahead_ms - policy.max_drift_ms;
+        let max_drift_ms = policy.max_drift_ms.max(self.lead_allowance_ms);
+        if ahead_ms > max_drift_ms {
+            let excess = ahead_ms - max_drift_ms;
             let wait = Next::WaitUntil {
-                wall_ms: EpochMs(timestamp - policy.max_drift_ms),
+                wall_ms: EpochMs(timestamp - max_drift_ms),
             };
             if excess <= policy.max_wait_ms.max(1) {
                 return Ok(wait);
             }
-            let max_drift_ms = policy.max_drift_ms;
             return match (self.started, self.resumed) {
                 (false, Resumed::Restart) => Ok(wait),
-                (false, Resumed::Failover) => Err(GenerateError::BehindFailoverFloor {
-                    ahead_ms,
-                    max_drift_ms,
-                }),
                 (
                     false,
                     Resumed::ClockBehind {
@@ -336,7 +350,8 @@ impl Generator {
                         max_drift_ms,
                     })
                 }
-                (true, _) => Err(GenerateError::ClockBehind {
+                // Promoted, and the clock stepped back since the resume point was decided.
+                (true, _) | (false, Resumed::Promoted { .. }) => Err(GenerateError::ClockBehind {
                     step_back_ms,
                     ahead_ms,
                     max_drift_ms,
@@ -353,6 +368,10 @@ impl Generator {
             });
         }
 
+        if ahead_ms <= policy.max_drift_ms {
+            // The clock caught up with the resume point of a promotion.
+            self.lead_allowance_ms = 0;
+        }
         self.events.issued += u64::from(count);
         self.started = true;
         self.last_timestamp = timestamp;
@@ -709,36 +728,75 @@ mod tests {
     }
 
     #[test]
-    fn resume_after_failover_follows_the_clock_policy() {
-        let mut g = Generator::resume(EpochMs(10_000), EpochMs(8_000), Resumed::Failover);
+    fn a_promoted_generator_issues_from_its_resume_point_at_once() {
+        // The resume point is 5 s ahead of this server's clock: no wait, no error.
+        let promoted = Resumed::Promoted {
+            lead_allowance_ms: 5_000,
+        };
+        let mut g = Generator::resume(EpochMs(10_000), EpochMs(8_000), promoted);
+        assert_eq!(g.lead_allowance_ms(), 5_000);
         assert_eq!(
             g.next(EpochMs(5_000), P),
-            Err(GenerateError::BehindFailoverFloor {
-                ahead_ms: 5_000,
-                max_drift_ms: 1_000
-            })
-        );
-        let patient = ClockPolicy {
-            max_drift_ms: 1_000,
-            max_wait_ms: 10_000,
-            first_sequence: 0,
-        };
-        assert_eq!(
-            g.next(EpochMs(5_000), patient),
-            Ok(Next::WaitUntil {
-                wall_ms: EpochMs(9_000)
-            })
-        );
-        // At the floor: the lease (below the floor) must be extended first.
-        assert_eq!(
-            g.next(EpochMs(9_500), P),
             Ok(Next::NeedLease {
                 timestamp: EpochMs(10_000),
-                wall: EpochMs(9_500)
+                wall: EpochMs(5_000)
             })
         );
-        g.extend_lease(EpochMs(11_000));
-        assert_eq!(issue(&mut g, 9_500, P), (10_000, 0));
+        g.extend_lease(EpochMs(20_000));
+        assert_eq!(issue(&mut g, 5_000, P), (10_000, 0));
+        // A full millisecond later, the ID clock moves on as far ahead as it was.
+        for _ in 1..4096 {
+            issue(&mut g, 5_000, P);
+        }
+        assert_eq!(issue(&mut g, 5_001, P), (10_001, 0));
+        // Further ahead than the allowance (the clock stepped back): the clock policy.
+        assert!(matches!(
+            g.next(EpochMs(4_000), P),
+            Err(GenerateError::ClockBehind {
+                ahead_ms: 6_001,
+                max_drift_ms: 5_000,
+                ..
+            })
+        ));
+        // Once an ID is issued within max_clock_drift of the clock, the allowance ends.
+        assert_eq!(issue(&mut g, 8_000, P), (10_001, 1));
+        assert_eq!(g.lead_allowance_ms(), 5_000);
+        assert_eq!(issue(&mut g, 9_500, P), (10_001, 2));
+        assert_eq!(g.lead_allowance_ms(), 0);
+        assert_eq!(issue(&mut g, 10_002, P), (10_002, 0));
+        assert!(matches!(
+            g.next(EpochMs(8_000), P),
+            Err(GenerateError::ClockBehind {
+                max_drift_ms: 1_000,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_clock_stepped_back_after_promotion_follows_the_clock_policy() {
+        let promoted = Resumed::Promoted {
+            lead_allowance_ms: 2_000,
+        };
+        let mut g = Generator::resume(EpochMs(10_000), EpochMs(20_000), promoted);
+        assert!(matches!(
+            g.next(EpochMs(7_000), P),
+            Err(GenerateError::ClockBehind {
+                ahead_ms: 3_000,
+                ..
+            })
+        ));
+        let patient = ClockPolicy {
+            max_wait_ms: 10_000,
+            ..P
+        };
+        assert_eq!(
+            g.next(EpochMs(7_000), patient),
+            Ok(Next::WaitUntil {
+                wall_ms: EpochMs(8_000)
+            })
+        );
+        assert_eq!(issue(&mut g, 8_000, P), (10_000, 0));
     }
 
     fn run(g: &mut Generator, wall: u64, want: u16, contiguous: bool) -> (u64, u16, u16) {
@@ -779,6 +837,46 @@ mod tests {
                 max_wait_ms,
                 first_sequence,
             })
+    }
+
+    proptest! {
+        /// After a promotion whose resume point is up to a minute ahead of the clock, and a
+        /// clock that only moves forwards: no call fails or waits beyond an exhausted
+        /// millisecond, every ID is at or above the resume point and above the one before,
+        /// and none is further ahead of the clock than the resume point was.
+        #[test]
+        fn a_promoted_generator_never_refuses_a_forward_clock(
+            policy in policies(),
+            lead in 0u64..60_000,
+            start in 0u64..1_000_000,
+            steps in proptest::collection::vec((0u64..50, 1usize..5000), 1..40),
+        ) {
+            let floor = start + lead;
+            let mut g = Generator::resume(EpochMs(floor), EpochMs(u64::MAX), Resumed::Promoted { lead_allowance_ms: lead });
+            let mut wall = start;
+            let mut last = None;
+            for (delta, calls) in steps {
+                wall += delta;
+                for _ in 0..calls {
+                    match g.next(EpochMs(wall), policy) {
+                        Ok(Next::Issued(i)) => {
+                            let id = (i.timestamp.0, i.sequence);
+                            prop_assert!(id.0 >= floor);
+                            prop_assert!(i.timestamp.0 <= wall + lead.max(policy.max_drift_ms));
+                            if let Some(prev) = last {
+                                prop_assert!(id > prev);
+                            }
+                            last = Some(id);
+                        }
+                        Ok(Next::WaitUntil { wall_ms: EpochMs(w) }) => {
+                            prop_assert!(w - wall <= policy.max_wait_ms.max(1));
+                            wall = w;
+                        }
+                        other => prop_assert!(false, "{:?} at wall {}", other, wall),
+                    }
+                }
+            }
+        }
     }
 
     proptest! {

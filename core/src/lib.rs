@@ -11,6 +11,7 @@
 //! - [`ratelimit`]: the limiter for server-wide WARNINGs.
 //! - [`text`]: business serials and sortable base32 text.
 //! - [`watermark`]: the IDs prepared transactions hold, kept for the commit-order watermark.
+//! - [`walend`]: how an earlier timeline ended (a clean shutdown this node replayed?).
 
 pub mod claim;
 pub mod durable;
@@ -21,4 +22,5 @@ pub mod ratelimit;
 pub mod secrets;
 pub mod settings;
 pub mod text;
+pub mod walend;
 pub mod watermark;
