@@ -10,7 +10,7 @@ majors="${PG_MAJORS:-15}"
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-client-15
     libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg python3-pip dpkg-dev curl
-    redis-server
+    redis-server patroni etcd-server etcd-client
 )
 missing=()
 for pkg in "${PACKAGES[@]}"; do
