@@ -384,6 +384,16 @@ class PatroniCluster:
         except OSError:
             return "(no log)"
 
+    def server_log(self, node):
+        """Everything the node's PostgreSQL logged so far (all its log files, oldest first)."""
+        d = os.path.join(node.data, "log")
+        names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+        out = []
+        for name in names:
+            with open(os.path.join(d, name), errors="replace") as f:
+                out.append(f.read())
+        return "".join(out)
+
     def diagnostics(self):
         out = []
         for node in self.nodes:
