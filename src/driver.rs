@@ -164,7 +164,10 @@ fn attempt(
             since,
             now: events,
             ahead_ms,
-            max_drift_ms: policy.max_drift_ms,
+            // After a promotion, IDs may run further ahead: the bound in force.
+            max_drift_ms: policy
+                .max_drift_ms
+                .max(shared.generator.lead_allowance_ms()),
         })
     } else {
         None

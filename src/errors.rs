@@ -387,8 +387,8 @@ pub fn renewals_too_slow(renewals: u32, last_renewal_ms: u64, window_ms: u64) ->
     )
 }
 
-/// LOG at the first ID after a promotion that was not a clean switchover.
-pub fn failover_resume(
+/// LOG at the first ID after a promotion (with a worker id set in the configuration).
+pub fn promoted_resume(
     plan: &ResumePlan,
     now_unix_ms: i64,
     lead_ms: i64,
@@ -403,7 +403,7 @@ pub fn failover_resume(
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
         format!(
-            "snowflake: promoted without the old primary's clean shutdown; IDs resume at {}, {} ms ahead of this server's clock",
+            "snowflake: promoted; IDs resume at {}, {} ms ahead of this server's clock",
             ms(plan.floor_unix_ms),
             plan.lead_ms(now_unix_ms)
         ),
@@ -411,22 +411,6 @@ pub fn failover_resume(
             "The old primary may have written leases this server never received. Its clock was seen {lead_ms} ms ahead of this server's; the resume point adds its largest lease reach and a margin of {margin_ms} ms.{skipped}"
         ),
         "No action is needed: IDs are issued from the resume point at once, ahead of the clock by at most that much, until the clock catches up.",
-    )
-}
-
-/// LOG at the first ID after a promotion that followed the old primary's clean shutdown.
-pub fn switchover_resume(plan: &ResumePlan, now_unix_ms: i64) -> SnowflakeError {
-    SnowflakeError::new(
-        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
-        format!(
-            "snowflake: promoted after a clean switchover; IDs resume at {}, the old primary's lease end",
-            ms(plan.floor_unix_ms)
-        ),
-        format!(
-            "This server replayed the old primary's shutdown checkpoint as the last record of its timeline, so it has every lease the old primary wrote. The resume point is {} ms ahead of this server's clock.",
-            plan.lead_ms(now_unix_ms)
-        ),
-        "No action is needed: IDs are issued from the resume point at once.",
     )
 }
 

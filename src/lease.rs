@@ -20,7 +20,7 @@ use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::durable::{
     self, AdoptedOrigin, Ancestry, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,
 };
-use snowflake_core::generator::Generator;
+use snowflake_core::generator::{Generator, Resumed};
 use snowflake_core::layout::{Epoch, EpochMs, UnixMs};
 use snowflake_core::secrets::redacted;
 use snowflake_core::settings::{check_epoch_at, Config, WorkerId};
@@ -74,13 +74,16 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
     let mut durable_state = shmem::DURABLE.exclusive();
     if !durable_state.loaded {
         let state = recorded_state(config.epoch)?;
-        let live_peer = state
-            .as_ref()
-            .and_then(|s| wal::live_peer_clock(s.reach_cap_ms));
+        // What the WAL receiver last saw of the old primary's clock, if it still runs (with
+        // no state file yet too: a promotion before the first lease record).
+        let live_peer = wal::live_peer_clock(
+            state
+                .as_ref()
+                .map_or(configured_reach_cap_ms(), |s| s.reach_cap_ms),
+        );
         let timeline = wal::insertion_timeline();
         let lease_timeline = state.as_ref().map(|s| s.timeline);
-        // Read only after a promotion: the timelines since the newest lease's, and how
-        // each ended.
+        // Read only after a promotion: the timelines since the newest lease's.
         let ancestry = if lease_timeline.map_or(timeline > 1, |t| t != 0 && t != timeline) {
             timeline::ancestry(lease_timeline, timeline)
         } else {
@@ -99,16 +102,25 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
             .map(|s| config.epoch.timestamp_or_zero(UnixMs(s.lease_end_unix_ms)))
             .unwrap_or_default();
         let floor = config.epoch.timestamp_or_zero(UnixMs(plan.floor_unix_ms));
-        match plan.kind {
-            ResumeKind::Failover {
-                lead_ms,
-                margin_ms,
-                skipped,
-            } => errors::failover_resume(&plan, now, lead_ms, margin_ms, skipped).log(),
-            ResumeKind::Switchover => errors::switchover_resume(&plan, now).log(),
-            _ => {}
-        }
-        let resumed = plan.resumed(config.epoch, now);
+        let (floor, resumed) = match (config.worker_id, plan.kind) {
+            // With a worker id from the registry, a promoted node's identity is a new claim,
+            // whose floor covers every earlier holder of that id, the old primary included:
+            // the leases it may have written unseen need no floor here. The replayed lease
+            // end is waited for, as after a restart.
+            (WorkerId::Auto, ResumeKind::Failover { .. }) => (lease_end, Resumed::Restart),
+            (
+                WorkerId::Fixed(_),
+                ResumeKind::Failover {
+                    lead_ms,
+                    margin_ms,
+                    skipped,
+                },
+            ) => {
+                errors::promoted_resume(&plan, now, lead_ms, margin_ms, skipped).log();
+                (floor, plan.resumed(config.epoch, now))
+            }
+            _ => (floor, plan.resumed(config.epoch, now)),
+        };
         let mut shared = shmem::GENERATOR.exclusive();
         match config.worker_id {
             WorkerId::Fixed(worker_id) => {

@@ -237,7 +237,9 @@ fn receiver_lead_ms() -> Option<i64> {
         }
         let sent = std::ptr::read_volatile(&(*rcv).lastMsgSendTime);
         let received = std::ptr::read_volatile(&(*rcv).lastMsgReceiptTime);
-        (sent != 0 && received != 0).then(|| (sent - received).div_euclid(1_000))
+        // A WAL receiver that starts sets both to its own clock: not an observation.
+        (sent != 0 && received != 0 && sent != received)
+            .then(|| (sent - received).div_euclid(1_000))
     }
 }
 

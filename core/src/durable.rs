@@ -273,10 +273,6 @@ pub enum ResumeKind {
         /// How far past `written_unix_ms` that lease may lawfully reach (ms).
         reach_ms: i64,
     },
-    /// Promoted after a clean switchover: every timeline since the newest lease's ended
-    /// with a shutdown checkpoint that this node replayed, so it has every lease the old
-    /// primaries wrote. IDs resume at the newest lease end.
-    Switchover,
     /// Promoted (or restored to a new timeline) without knowing the old primary's last
     /// WAL: it may have written leases this node never received. The resume point covers
     /// them.
@@ -301,16 +297,12 @@ pub struct ResumePlan {
 }
 
 /// What a node just promoted knows of the timelines it descends from, read from its
-/// timeline history and its WAL (see [`crate::walend`]).
+/// timeline history (see [`crate::history`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ancestry {
     /// Timelines strictly between the newest lease's and this node's: primaries whose
     /// leases this node may never have seen.
     pub skipped: u32,
-    /// Whether the newest lease's timeline and every skipped one ended with a shutdown
-    /// checkpoint that this node replayed as that timeline's last record: each old primary
-    /// shut down cleanly, and this node has all of its WAL, so every lease it wrote.
-    pub clean: bool,
 }
 
 /// Margin for a failover floor (ms): 100 ms for the transit of the last message the standby
@@ -337,7 +329,7 @@ impl ResumePlan {
                 written: epoch.timestamp_or_zero(UnixMs(written_unix_ms)).0,
                 reach_ms: reach_ms.max(0) as u64,
             },
-            ResumeKind::Switchover | ResumeKind::Failover { .. } => Resumed::Promoted {
+            ResumeKind::Failover { .. } => Resumed::Promoted {
                 lead_allowance_ms: self.lead_ms(now_unix_ms),
             },
         }
@@ -361,9 +353,9 @@ impl ResumePlan {
 /// `max_clock_drift` ahead, the window, its widening after slow renewals), so waiting for
 /// it is expected, never an error.
 ///
-/// A node on another timeline than its newest lease's was promoted (or restored). After a
-/// clean switchover it has every lease of the old primary: it resumes at the newest lease
-/// end. Otherwise the floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
+/// A node on another timeline than its newest lease's was promoted (or restored): the old
+/// primary may have written leases this node never received (its last WAL cannot tell a
+/// clean shutdown from a crash restart's end-of-recovery checkpoint). The floor is `now + max(lead, 0) + reach_cap + margin`: the old primary,
 /// which died before this promotion, read at most `now + lead` on its clock, and never wrote
 /// a lease further than `reach_cap` ahead of its clock (a lease written while it ran ahead
 /// after its own promotion records that lead in its reach); this node itself (if it was a
@@ -385,17 +377,6 @@ pub fn plan_resume(
         None => timeline > 1,
     };
     let lease = state.map_or(0, |s| s.lease_end_unix_ms);
-    if promoted && ancestry.clean {
-        let kind = if state.is_some() {
-            ResumeKind::Switchover
-        } else {
-            ResumeKind::Fresh
-        };
-        return ResumePlan {
-            floor_unix_ms: lease,
-            kind,
-        };
-    }
     if promoted {
         let old_peer = state.and_then(|s| s.peer);
         let peer = match (old_peer, live_peer) {
@@ -1207,39 +1188,6 @@ mod tests {
     }
 
     #[test]
-    fn a_clean_switchover_resumes_at_the_newest_lease_at_once() {
-        let state = StateFile::merged(None, &record(50_000), Some(peer(5_000, 44_000))).unwrap();
-        let clean = Ancestry {
-            skipped: 0,
-            clean: true,
-        };
-        let plan = plan_resume(Some(&state), 2, clean, 47_000, None, 2_000);
-        assert_eq!(
-            plan,
-            ResumePlan {
-                floor_unix_ms: 50_000,
-                kind: ResumeKind::Switchover
-            }
-        );
-        assert_eq!(
-            plan.resumed(Epoch::TWITTER, 47_000),
-            Resumed::Promoted {
-                lead_allowance_ms: 3_000
-            }
-        );
-        // Clean or not, a restart on the lease's own timeline is a restart.
-        assert_eq!(
-            plan_resume(Some(&state), 1, clean, 49_500, None, 2_000).kind,
-            ResumeKind::Restart
-        );
-        // No lease anywhere, and the old primary shut down cleanly: a new cluster.
-        assert_eq!(
-            plan_resume(None, 2, clean, 47_000, None, 2_000).kind,
-            ResumeKind::Fresh
-        );
-    }
-
-    #[test]
     fn a_promotion_before_the_first_lease_record_covers_the_old_primary() {
         let unknown = Ancestry::default();
         // Timeline 1 is where every cluster starts: nothing came before it.
@@ -1267,10 +1215,7 @@ mod tests {
     #[test]
     fn each_skipped_timeline_adds_a_lead_a_reach_and_a_margin() {
         let state = StateFile::own(&record(50_000));
-        let skipped = Ancestry {
-            skipped: 2,
-            clean: false,
-        };
+        let skipped = Ancestry { skipped: 2 };
         let plan = plan_resume(Some(&state), 4, skipped, 60_000, None, 3_000);
         // This node's settings reach further than the recorded ones: the skipped primaries
         // may have run with them.
@@ -1328,7 +1273,7 @@ mod tests {
                 plan_resume(Some(&at_c), 3, Ancestry::default(), t_c + clock_c, None, base)
             } else {
                 let at_c = StateFile::merged(None, &a_lease, Some(seen_a(clock_c))).unwrap();
-                let skipped = Ancestry { skipped: 1, clean: false };
+                let skipped = Ancestry { skipped: 1 };
                 plan_resume(Some(&at_c), 3, skipped, t_c + clock_c, Some(seen_b), base)
             };
             proptest::prop_assert!(plan_c.floor_unix_ms > b_highest, "{:?} vs {}", plan_c, b_highest);

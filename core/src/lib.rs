@@ -11,16 +11,16 @@
 //! - [`ratelimit`]: the limiter for server-wide WARNINGs.
 //! - [`text`]: business serials and sortable base32 text.
 //! - [`watermark`]: the IDs prepared transactions hold, kept for the commit-order watermark.
-//! - [`walend`]: how an earlier timeline ended (a clean shutdown this node replayed?).
+//! - [`history`]: a promoted node's timeline history (the timelines before its own).
 
 pub mod claim;
 pub mod durable;
 pub mod foreign;
 pub mod generator;
+pub mod history;
 pub mod layout;
 pub mod ratelimit;
 pub mod secrets;
 pub mod settings;
 pub mod text;
-pub mod walend;
 pub mod watermark;

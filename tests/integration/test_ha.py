@@ -204,10 +204,10 @@ class PatroniFailover(unittest.TestCase):
             self.ha.switchover(first, candidate)  # returns once the candidate is the leader
             second = self.wait_recovered(time.monotonic(), first, "switchover")
             self.assertIs(second, candidate)
-            # It resumed at the old leader's lease end, not at a failover floor: it replayed
-            # the old leader's shutdown checkpoint as the last record of its timeline.
-            wait_until(lambda: "promoted after a clean switchover" in self.ha.server_log(second),
-                       timeout=10, what="the clean-switchover LOG line")
+            # It resumed past every lease the old leader could have written, ahead of its
+            # clock, and issued from there at once (the outages below show it).
+            wait_until(lambda: "snowflake: promoted; IDs resume at" in self.ha.server_log(second),
+                       timeout=10, what="the promotion's LOG line")
             back = time.monotonic()
             self.steady(back)
             phases["switchover"] = (start, time.monotonic(), back - start)
@@ -217,8 +217,8 @@ class PatroniFailover(unittest.TestCase):
             start = time.monotonic()
             self.ha.lose(second)
             third = self.wait_recovered(time.monotonic(), second, "failover")
-            wait_until(lambda: "promoted without the old primary's clean shutdown"
-                       in self.ha.server_log(third), timeout=10, what="the failover LOG line")
+            wait_until(lambda: "snowflake: promoted; IDs resume at" in self.ha.server_log(third),
+                       timeout=10, what="the promotion's LOG line")
             back = time.monotonic()
             self.steady(back)
             phases["failover"] = (start, time.monotonic(), back - start)
