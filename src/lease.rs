@@ -63,9 +63,10 @@ fn first_generation_config(function: &'static str) -> errors::Result<Config> {
 
 /// Once per server start (and per crash restart, and after a promotion): check the recorded
 /// layout against the configuration and decide where IDs resume (`durable::plan_resume`):
-/// at the durable lease end after a restart or a clean switchover, past every lease the old
-/// primary could have written after any other promotion. A promoted node issues from its
-/// resume point at once, ahead of its clock if need be (`Resumed::Promoted`). File I/O runs
+/// at the durable lease end after a restart, past every lease the old primary could have
+/// written after a promotion (with a worker id from the configuration). A promoted node
+/// issues from its resume point at once, ahead of its clock if need be
+/// (`Resumed::Promoted`). File I/O runs
 /// under the DURABLE lock, never under the generator's. Called once per backend, before
 /// READY is set.
 fn ensure_loaded(config: &Config) -> errors::Result<()> {

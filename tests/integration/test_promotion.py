@@ -1,6 +1,6 @@
 """Promotion and replication without needless waits: a synchronous session after
 `synchronous_standby_names` was cleared and set again, a standby replaying thousands of
-prepared transactions, a clean switchover, an unclean failover, and a standby promoted before
+prepared transactions, a switchover after a clean shutdown, an unclean failover, and a standby promoted before
 it received the old primary's first lease record.
 
 Every fault is real: WAL receivers frozen with SIGSTOP and killed with SIGKILL, primaries
@@ -182,7 +182,7 @@ class Promotion(unittest.TestCase):
         snowflake IDs for another N ms after promotion`).
         Acceptance: the first snowflake_next() on the promoted node succeeds in < 1 s
         (statement_timeout 3 s) and is above every ID the old primary issued.
-        Fault used: a clean switchover (stop -m fast, then promote)."""
+        Fault used: a planned switchover (stop -m fast, then promote)."""
         primary, standby = start_pair(self, "switch", 28,
                                       snowflake__max_clock_drift="'1min'",
                                       snowflake__clock_behind_action="'error'")
