@@ -1,34 +1,25 @@
 //! snowflake: Twitter-style Snowflake IDs generated inside PostgreSQL.
 //!
-//! The pure logic lives in the `snowflake-core` crate (no pgrx). This crate is the glue:
-//! [`gucs`] (settings), [`shmem`] (shared memory), [`errors`] (ereport with SQLSTATE, DETAIL
-//! and HINT), `api` (the SQL functions, thin), `driver` (issuing), `lease` (the durable
-//! lease), `decode`, `stats`, `wal` (the custom WAL resource manager and the wait for
-//! synchronous standbys), `watermark` (the commit-order watermark), `server` (data
-//! directory, clocks, latch waits), `rows` (datums and composite rows), `fleet` and
-//! `registry` (the worker-id registry). See the README's "Architecture" section.
+//! The pure logic lives in the `snowflake-core` crate (no pgrx). This crate is the glue,
+//! grouped by concern:
+//! - [`functions`]: what SQL calls (the functions, thin; decoding, stats, datum helpers);
+//! - [`generation`]: issuing IDs and keeping them durable (the driver, the lease, shared
+//!   memory, the WAL resource manager, the commit-order watermark, promotions, origins);
+//! - [`fleet`]: the worker-id registry's background worker and its clients;
+//! - [`server`]: what every part asks of the server: settings, errors, the data directory,
+//!   clocks and waits.
+//!
+//! See the README's "Architecture" section.
 
+use generation::{shmem, wal, watermark};
 use pgrx::prelude::*;
+use server::{errors, gucs};
 use snowflake_core::settings;
 
-mod api;
-mod convert;
-mod dbtext;
-mod decode;
-mod driver;
-mod errors;
 mod fleet;
-mod gucs;
-mod lease;
-mod origin;
-mod registry;
-mod rows;
+mod functions;
+mod generation;
 mod server;
-mod shmem;
-mod stats;
-mod timeline;
-mod wal;
-mod watermark;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod tests;

@@ -1,7 +1,7 @@
 -- Pins snowflake_decode(id, layout) for other generators' IDs and snowflake_format().
 SET TIME ZONE 'UTC';
 
--- Each row is a published example (see src/foreign.rs for the sources).
+-- Each row is a published example (see core/src/foreign.rs for the sources).
 SELECT layout, d.*
   FROM (VALUES ('twitter', 1541815603606036480),       -- Wikipedia "Snowflake ID" example
                ('discord', 175928847299117063),        -- Discord developer docs, Snowflakes

@@ -3,10 +3,10 @@
 
 use std::cell::Cell;
 
-use crate::errors;
-use crate::gucs;
-use crate::lease;
-use crate::origin;
+use crate::generation::lease;
+use crate::generation::origin;
+use crate::server::errors;
+use crate::server::gucs;
 use snowflake_core::layout::{self, Epoch, Parts};
 
 thread_local! {

@@ -7,14 +7,14 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::errors::{self, SnowflakeError};
-use crate::gucs;
-use crate::lease;
-use crate::rows::Int8Array;
+use crate::generation::lease;
+use crate::generation::shmem::{self, Node};
+use crate::generation::wal;
+use crate::generation::watermark;
 use crate::server;
-use crate::shmem::{self, Node};
-use crate::wal;
-use crate::watermark;
+use crate::server::errors::{self, SnowflakeError};
+use crate::server::gucs;
+use crate::server::rows::Int8Array;
 use snowflake_core::generator::{
     ClockPolicy, GenerateError, Generator, Issued, Next, RANDOM_START_SPAN,
 };

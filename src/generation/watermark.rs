@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
 
-use crate::errors;
-use crate::lease;
+use crate::generation::lease;
+use crate::generation::shmem;
+use crate::generation::wal;
 use crate::server;
-use crate::shmem;
-use crate::wal;
+use crate::server::errors;
 use snowflake_core::generator::Generator;
 use snowflake_core::watermark::{self as holds, PreparedHold, PreparedHolds};
 
@@ -61,6 +61,7 @@ static PREPARED: PgLwLock<PreparedState> = unsafe { PgLwLock::new(c"snowflake_pr
 /// preloading.
 pub fn init() {
     pg_shmem_init!(PREPARED);
+    wal::on_prepared_hold_redo(redo_prepared_hold);
     // SAFETY: single-threaded postmaster start; hooks are chained as PostgreSQL expects.
     unsafe {
         PREV_SHMEM_REQUEST = pg_sys::shmem_request_hook;
@@ -237,7 +238,7 @@ fn keep_prepared(bound: i64) {
 }
 
 /// Adds a replayed hold to the file (WAL redo: standby, or crash recovery).
-pub(crate) fn redo_prepared_hold(hold: PreparedHold) -> errors::Result<()> {
+fn redo_prepared_hold(hold: PreparedHold) -> errors::Result<()> {
     add_hold(hold)
 }
 

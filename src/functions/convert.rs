@@ -12,8 +12,8 @@
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
-use crate::dbtext::DbText;
-use crate::errors;
+use crate::server::dbtext::DbText;
+use crate::server::errors;
 
 /// Widens `column` of `referencing` to bigint, as the table's owner, in a security-restricted
 /// operation with `search_path` pinned. Allowed only where `column` is in a foreign key of

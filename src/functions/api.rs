@@ -7,20 +7,20 @@
 use pgrx::composite_type;
 use pgrx::prelude::*;
 
-use crate::dbtext::DbText;
-use crate::decode;
-use crate::driver;
-use crate::errors;
-use crate::rows::{cell, parts_row, result_row, timestamptz, unix_ms_of, Int8Array};
-use crate::stats;
-use crate::watermark;
+use crate::functions::decode;
+use crate::functions::stats;
+use crate::generation::driver;
+use crate::generation::watermark;
+use crate::server::dbtext::DbText;
+use crate::server::errors;
+use crate::server::rows::{cell, parts_row, result_row, timestamptz, unix_ms_of, Int8Array};
 use snowflake_core::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
 use snowflake_core::layout;
 use snowflake_core::settings::format_rfc3339;
 use snowflake_core::text;
 
-extension_sql_file!("../sql/types.sql", name = "types", bootstrap);
-extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+extension_sql_file!("../../sql/types.sql", name = "types", bootstrap);
+extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
 
 /// Generates the next ID: unique among all backends of this server, and greater than every
 /// ID this server issued before it, including before a restart or crash.

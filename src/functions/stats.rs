@@ -6,12 +6,12 @@ use std::sync::atomic::Ordering;
 use pgrx::prelude::*;
 use pgrx::AllocatedByRust;
 
-use crate::errors;
-use crate::gucs;
-use crate::lease;
-use crate::rows::{cell, result_row, timestamptz};
+use crate::generation::lease;
+use crate::generation::shmem;
 use crate::server;
-use crate::shmem;
+use crate::server::errors;
+use crate::server::gucs;
+use crate::server::rows::{cell, result_row, timestamptz};
 use snowflake_core::claim::ClaimStatus;
 use snowflake_core::secrets::redacted;
 use snowflake_core::settings::WorkerId;

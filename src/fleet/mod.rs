@@ -8,6 +8,8 @@
 //! The worker starts when recovery has finished: a standby does not claim; it claims when it
 //! is promoted.
 
+pub(crate) mod registry;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -16,12 +18,12 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 
-use crate::errors;
-use crate::gucs;
-use crate::lease;
-use crate::registry::{self, ClaimReply, ClaimRequest, Observed, Registry, RenewReply};
+use crate::generation::lease;
+use crate::generation::shmem::{self, Node};
+use crate::server::errors;
+use crate::server::gucs;
 use crate::server::{data_dir, monotonic_ms, now_unix_ms};
-use crate::shmem::{self, Node};
+use registry::{ClaimReply, ClaimRequest, Observed, Registry, RenewReply};
 use snowflake_core::claim::{
     self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted, RequestAge,
 };

@@ -7,7 +7,7 @@ use std::io;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-use crate::dbtext::for_message;
+use crate::server::dbtext::for_message;
 
 use snowflake_core::durable::{self, LayoutRecord, ResumePlan};
 use snowflake_core::generator::{Events, GenerateError};

@@ -22,7 +22,7 @@ use std::ops::ControlFlow;
 
 use pgrx::pg_sys;
 
-use crate::errors::{self, SnowflakeError};
+use crate::server::errors::{self, SnowflakeError};
 use snowflake_core::layout::Epoch;
 
 /// One row of `snowflake_origin`.

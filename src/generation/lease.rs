@@ -9,13 +9,13 @@ use std::sync::atomic::Ordering;
 
 use pgrx::prelude::*;
 
-use crate::errors;
-use crate::gucs;
-use crate::origin;
+use crate::generation::origin;
+use crate::generation::shmem::{self, Node};
+use crate::generation::timeline;
+use crate::generation::wal;
 use crate::server;
-use crate::shmem::{self, Node};
-use crate::timeline;
-use crate::wal;
+use crate::server::errors;
+use crate::server::gucs;
 use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::durable::{
     self, AdoptedOrigin, Ancestry, LayoutCheck, LayoutRecord, LeaseRecord, ResumeKind, StateFile,

@@ -13,6 +13,7 @@
 
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use pgrx::prelude::*;
 
@@ -31,6 +32,20 @@ const PG_EPOCH_UNIX_US: i64 = 946_684_800_000_000;
 
 /// The id registered at startup (0: not registered).
 static RMGR_ID: AtomicU8 = AtomicU8::new(0);
+
+/// What replay does with a prepared-hold record: the watermark's, registered by it at
+/// preload ([`on_prepared_hold_redo`]), so that this module does not depend on its user.
+static PREPARED_HOLD_REDO: OnceLock<PreparedHoldRedo> = OnceLock::new();
+
+/// Replays a prepared-hold record.
+pub type PreparedHoldRedo = fn(PreparedHold) -> crate::server::errors::Result<()>;
+
+/// Registers what replay does with prepared-hold records. Call from `_PG_init` while
+/// preloading (before any replay).
+pub fn on_prepared_hold_redo(redo: PreparedHoldRedo) {
+    // A second registration (the library loaded twice) keeps the first: the same function.
+    let _ = PREPARED_HOLD_REDO.set(redo);
+}
 
 /// Registers the resource manager. Call from `_PG_init` while preloading.
 #[cfg(not(any(feature = "pg13", feature = "pg14")))]
@@ -198,7 +213,7 @@ pub fn wait_for_confirmation(lsn: u64) -> Option<usize> {
 /// Writes the newest lease record again and flushes it: new WAL that the synchronous
 /// standbys confirm as soon as they flushed it. Its end LSN (0 if there is no record).
 fn nudge() -> u64 {
-    let record = crate::shmem::DURABLE.share().last_record;
+    let record = crate::generation::shmem::DURABLE.share().last_record;
     let Some(lsn) = record.and_then(|r| insert(XLOG_SNOWFLAKE_LEASE, &r.encode())) else {
         return 0;
     };
@@ -283,8 +298,10 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
     let (info, data) = unsafe { record_payload(record) };
     if info == XLOG_SNOWFLAKE_PREPARED_HOLD {
         match PreparedHold::decode(data) {
-            Some(hold) => crate::watermark::redo_prepared_hold(hold)
-                .unwrap_or_else(|e| e.raise("snowflake_redo")),
+            Some(hold) => match PREPARED_HOLD_REDO.get() {
+                Some(redo) => redo(hold).unwrap_or_else(|e| e.raise("snowflake_redo")),
+                None => pgrx::error!("snowflake: no redo for prepared-hold records"),
+            },
             None => pgrx::error!(
                 "snowflake: unreadable prepared-hold record ({} bytes)",
                 data.len()
@@ -304,13 +321,13 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
     // beyond this record's: replacing it could move the lease back, so recovery stops.
     let existing = match durable::read(&dir) {
         Ok(state) => state,
-        Err(e) => crate::errors::state_file_in_replay(&e).raise("snowflake_redo"),
+        Err(e) => crate::server::errors::state_file_in_replay(&e).raise("snowflake_redo"),
     };
     let peer = in_standby_mode().then(|| observed_peer_clock(&lease, crate::server::now_unix_ms()));
     if let Some(state) = StateFile::merged(existing.as_ref(), &lease, peer) {
         if let Err(e) = durable::write(&dir, &state) {
             // Recovery must not continue without the lease on disk.
-            crate::errors::state_file(&e, true).raise("snowflake_redo");
+            crate::server::errors::state_file(&e, true).raise("snowflake_redo");
         }
     }
 }

@@ -1,8 +1,17 @@
-//! What every part of the extension asks of the server process: its data directory, the
-//! two clocks (the wall clock, which libfaketime and NTP steps move, and the monotonic
-//! clock, which nothing moves), and waiting the PostgreSQL way: latch waits that end on
-//! postmaster death, show as wait event `Extension` in `pg_stat_activity`, and let cancels
-//! and terminations through at once. A leaf module: it imports no other module of ours.
+//! What every part of the extension asks of the server, below everything else (no module
+//! here imports one outside it): its settings ([`gucs`]), its errors ([`errors`]: ereport
+//! with SQLSTATE, DETAIL and HINT), text in the database's encoding ([`dbtext`]), datums
+//! and composite rows ([`rows`]), and, here, the server
+//! process itself: its data directory, the two clocks (the wall clock, which libfaketime and
+//! NTP steps move, and the monotonic clock, which nothing moves), and waiting the PostgreSQL
+//! way: latch waits that end on postmaster death, show as wait event `Extension` in
+//! `pg_stat_activity`, and let cancels and terminations through at once. The functions
+//! here import no other module of ours.
+
+pub(crate) mod dbtext;
+pub(crate) mod errors;
+pub(crate) mod gucs;
+pub(crate) mod rows;
 
 use std::ffi::CStr;
 use std::path::PathBuf;

@@ -13,7 +13,7 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 use pgrx::prelude::*;
 use pgrx::{AllocatedByRust, PgTupleDesc};
 
-use crate::errors::{self, SnowflakeError};
+use crate::server::errors::{self, SnowflakeError};
 use snowflake_core::foreign::ForeignParts;
 use snowflake_core::layout::UnixMs;
 
