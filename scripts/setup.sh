@@ -10,7 +10,8 @@ majors="${PG_MAJORS:-15}"
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-client-15
     libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg python3-pip dpkg-dev curl
-    redis-server patroni etcd-server etcd-client
+    redis-server redis-sentinel patroni etcd-server etcd-client protobuf-compiler libprotobuf-dev
+    libssl-dev openssl
 )
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -128,8 +128,12 @@ pub struct ClockSample {
     pub sent_unix_ms: i64,
     /// Our wall clock when the answer arrived (Unix ms).
     pub received_unix_ms: i64,
-    /// The registry's clock in its answer (Unix ms).
+    /// The registry's clock in its answer (Unix ms): for a clock read in whole seconds, the
+    /// middle of that second.
     pub registry_unix_ms: i64,
+    /// How coarse the registry's clock reading is (ms): 0 for a millisecond clock (Redis,
+    /// PostgreSQL), 1,000 for an HTTP `Date` header (etcd). Half of it is uncertain.
+    pub registry_resolution_ms: i64,
 }
 
 impl ClockSample {
@@ -140,9 +144,12 @@ impl ClockSample {
     }
 
     /// The smallest difference between the two clocks that the sample proves (the round
-    /// trip leaves half of itself, plus a millisecond of rounding, uncertain).
+    /// trip leaves half of itself uncertain, plus a millisecond of rounding, plus half of the
+    /// registry clock's resolution).
     pub fn proven_skew_ms(&self) -> u64 {
-        let uncertainty = (self.received_unix_ms - self.sent_unix_ms).max(0) / 2 + 1;
+        let uncertainty = (self.received_unix_ms - self.sent_unix_ms).max(0) / 2
+            + 1
+            + self.registry_resolution_ms.max(0) / 2;
         (self.offset_ms().unsigned_abs()).saturating_sub(uncertainty as u64)
     }
 
@@ -440,6 +447,7 @@ mod tests {
             sent_unix_ms: 1_000,
             received_unix_ms: 1_400,
             registry_unix_ms: 1_350,
+            registry_resolution_ms: 0,
         };
         assert_eq!(s.offset_ms(), 150);
         assert_eq!(s.proven_skew_ms(), 0);

@@ -8,6 +8,8 @@
 //! - [`durable`]: the records that make IDs survive crashes (state file, WAL lease, layout).
 //! - [`foreign`]: decoding other generators' layouts (Discord, Instagram, Sonyflake, ...).
 //! - [`claim`]: worker-id claims from a registry: timing, fences, clock checks.
+//! - [`kvclaims`]: the claim records of a key-value registry (etcd), and its clock.
+//! - [`registry_uri`]: the registry URI forms the client libraries do not parse, `.pgpass`.
 //! - [`ratelimit`]: the limiter for server-wide WARNINGs.
 //! - [`text`]: business serials and sortable base32 text.
 //! - [`watermark`]: the IDs prepared transactions hold, kept for the commit-order watermark.
@@ -18,8 +20,10 @@ pub mod durable;
 pub mod foreign;
 pub mod generator;
 pub mod history;
+pub mod kvclaims;
 pub mod layout;
 pub mod ratelimit;
+pub mod registry_uri;
 pub mod secrets;
 pub mod settings;
 pub mod text;

@@ -150,11 +150,22 @@ pub fn parse_worker_id(
     parse_node_id(WORKER_ID, raw, None, MAX_WORKER_ID).map(WorkerId::Fixed)
 }
 
-/// Whether `uri` names a registry this build can talk to: `redis://HOST[:PORT][/DB]` or a
-/// libpq URI `postgresql://...` (or `postgres://`).
+/// The registry URI schemes this build can talk to.
+pub const REGISTRY_SCHEMES: [&str; 8] = [
+    "redis://",
+    "rediss://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "postgresql://",
+    "postgres://",
+    "etcd://",
+    "etcds://",
+];
+
+/// Whether `uri` names a registry this build can talk to (see [`REGISTRY_SCHEMES`]).
 pub fn registry_uri_is_supported(uri: &str) -> bool {
     let lower = uri.to_ascii_lowercase();
-    ["redis://", "postgresql://", "postgres://"]
+    REGISTRY_SCHEMES
         .iter()
         .any(|scheme| lower.starts_with(scheme) && lower.len() > scheme.len())
 }

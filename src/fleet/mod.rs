@@ -90,8 +90,12 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         recorded,
         avoided: Vec::new(),
     };
-    let timeout = Duration::from_millis(timing.heartbeat_ms());
-    let mut client = match registry::open(&uri, timeout) {
+    let options = registry::Options {
+        timeout: Duration::from_millis(timing.heartbeat_ms()),
+        ca_file: gucs::registry_ca_file(),
+        password_file: gucs::registry_password_file(),
+    };
+    let mut client = match registry::open(&uri, &options) {
         Ok(client) => client,
         Err(e) => {
             holder.report(ClaimStatus::Refused, &e.0, 0);

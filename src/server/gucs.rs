@@ -68,6 +68,9 @@ static WORKER_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::n
 static DATACENTER_ID: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(settings::DEFAULT_DATACENTER_ID));
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static REGISTRY_CA_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static REGISTRY_PASSWORD_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(None);
 static CLAIM_TTL: GucSetting<i32> =
     GucSetting::<i32>::new(snowflake_core::claim::DEFAULT_CLAIM_TTL_MS as i32);
 static EPOCH: GucSetting<Option<CString>> =
@@ -131,9 +134,31 @@ pub fn init(preloading: bool) {
         );
         GucRegistry::define_string_guc_with_hooks(
             c"snowflake.registry",
-            c"Registry that hands out worker ids when snowflake.worker_id = auto: redis://HOST:PORT[/DB] or postgresql://USER@HOST:PORT/DB.",
-            c"Only superusers can read it (it may hold a password).",
+            c"Registry that hands out worker ids when snowflake.worker_id = auto: redis[s]://HOST:PORT[/DB], redis[s]+sentinel://HOST:PORT[,...]/MASTER[/DB], postgresql://USER@HOST:PORT[,...]/DB or etcd[s]://HOST:PORT[,...][/PREFIX].",
+            c"Only superusers can read it (it may hold a password; snowflake.registry_password_file keeps it out).",
             &REGISTRY,
+            context(),
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake.registry_ca_file",
+            c"CA certificates (PEM) that TLS connections to the registry trust: rediss://, etcds://, and the coordinator's sslmode=verify-ca/verify-full without sslrootcert.",
+            c"Empty: the system's trusted certificates.",
+            &REGISTRY_CA_FILE,
+            context(),
+            GucFlags::SUPERUSER_ONLY,
+            None,
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"snowflake.registry_password_file",
+            c"File holding the registry's password, so that snowflake.registry need not: its first line for Redis and etcd, .pgpass lines for a PostgreSQL coordinator.",
+            c"It must belong to the server's OS user with mode 0600 or stricter.",
+            &REGISTRY_PASSWORD_FILE,
             context(),
             GucFlags::SUPERUSER_ONLY,
             None,
@@ -459,6 +484,20 @@ pub fn config() -> Option<Result<Config, SettingError>> {
 /// `snowflake.registry` as configured (None: unset or empty).
 pub fn registry() -> Option<String> {
     raw(&REGISTRY)
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// `snowflake.registry_ca_file` (None: unset or empty).
+pub fn registry_ca_file() -> Option<String> {
+    raw(&REGISTRY_CA_FILE)
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// `snowflake.registry_password_file` (None: unset or empty).
+pub fn registry_password_file() -> Option<String> {
+    raw(&REGISTRY_PASSWORD_FILE)
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
 }

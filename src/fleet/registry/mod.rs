@@ -1,9 +1,11 @@
-//! The registry clients: Redis (through the `redis` crate, with Lua scripts so that every
-//! step is atomic on the server) and a PostgreSQL coordinator (through the `postgres` crate,
-//! one transaction per step, committed synchronously). No pgrx here: only the background
-//! worker calls this, never a backend and never the postmaster.
+//! The registry clients, one file each behind [`Registry`]: Redis, alone or behind Sentinel
+//! (`redis.rs`, through the `redis` crate, with Lua scripts so that every step is atomic on
+//! the server), a PostgreSQL coordinator (`postgres.rs`, through the `postgres` crate, one
+//! transaction per step, committed synchronously) and etcd (`etcd.rs`, through
+//! `etcd-client`: leases for claims, compare-and-swap transactions for every step). No pgrx
+//! here: only the background worker calls this, never a backend and never the postmaster.
 //!
-//! Both keep the same records (see the README, "Fleets"):
+//! All keep the same records (see the README, "Fleets"):
 //! - the registry's incarnation and when it began ("born"), and the fleet's epoch. The
 //!   incarnation changes whenever the registry may have lost writes it acknowledged: any
 //!   restart of Redis (its `run_id`) or a promotion of a replica (its `master_replid`); any
@@ -21,9 +23,11 @@
 
 use std::time::Duration;
 
+mod etcd;
 mod postgres;
 mod redis;
 
+use etcd::EtcdRegistry;
 use postgres::PgRegistry;
 use redis::RedisRegistry;
 
@@ -152,30 +156,63 @@ pub trait Registry {
 /// Which kind of registry a `snowflake.registry` URI names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// `redis://` (or `rediss://` is refused: no TLS in this build).
+    /// `redis://` or `rediss://` (TLS).
     Redis,
+    /// `redis+sentinel://` or `rediss+sentinel://` (TLS to the sentinels and the master).
+    Sentinel,
     /// `postgresql://` or `postgres://`.
     Postgres,
+    /// `etcd://` or `etcds://` (TLS).
+    Etcd,
 }
 
 /// The kind of registry `uri` names, or None.
 pub fn kind_of(uri: &str) -> Option<Kind> {
     let lower = uri.trim().to_ascii_lowercase();
-    if lower.starts_with("redis://") {
-        Some(Kind::Redis)
-    } else if lower.starts_with("postgresql://") || lower.starts_with("postgres://") {
-        Some(Kind::Postgres)
-    } else {
-        None
+    let scheme = lower.split_once("://")?.0;
+    match scheme {
+        "redis" | "rediss" => Some(Kind::Redis),
+        "redis+sentinel" | "rediss+sentinel" => Some(Kind::Sentinel),
+        "postgresql" | "postgres" => Some(Kind::Postgres),
+        "etcd" | "etcds" => Some(Kind::Etcd),
+        _ => None,
     }
 }
 
+/// How a client connects, besides its URI.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Every request's bound.
+    pub timeout: Duration,
+    /// `snowflake.registry_ca_file`: the CA certificates (PEM) that TLS connections trust
+    /// (`rediss://`, `etcds://`, and the coordinator's `sslrootcert` when it names none).
+    pub ca_file: Option<String>,
+    /// `snowflake.registry_password_file`: the password, so that it need not be in the URI
+    /// (the first line for Redis and etcd; `.pgpass` lines for the coordinator).
+    pub password_file: Option<String>,
+}
+
 /// Opens a client for `uri` (connecting lazily). Every error it returns, now and from its
-/// requests, has the URI's secrets removed: client libraries may quote what they parsed.
-pub fn open(uri: &str, timeout: Duration) -> Result<Box<dyn Registry>> {
+/// requests, has the URI's secrets and the password file's password removed: client
+/// libraries may quote what they parsed.
+pub fn open(uri: &str, options: &Options) -> Result<Box<dyn Registry>> {
+    let mut secrets = Vec::new();
+    if let Some(file) = &options.password_file {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            secrets.extend(
+                text.lines()
+                    .filter(|l| !l.is_empty())
+                    .map(|l| l.rsplit(':').next().unwrap_or(l).to_string()),
+            );
+            secrets.extend(text.lines().filter(|l| !l.is_empty()).map(str::to_string));
+        }
+    }
     let opened: Result<Box<dyn Registry>> = match kind_of(uri) {
-        Some(Kind::Redis) => RedisRegistry::new(uri, timeout).map(|r| Box::new(r) as _),
-        Some(Kind::Postgres) => PgRegistry::new(uri, timeout).map(|r| Box::new(r) as _),
+        Some(Kind::Redis | Kind::Sentinel) => {
+            RedisRegistry::new(uri, options).map(|r| Box::new(r) as _)
+        }
+        Some(Kind::Postgres) => PgRegistry::new(uri, options).map(|r| Box::new(r) as _),
+        Some(Kind::Etcd) => EtcdRegistry::new(uri, options).map(|r| Box::new(r) as _),
         None => Err(RegistryError(format!(
             "unsupported registry URI \"{}\"",
             redacted(uri)
@@ -185,28 +222,89 @@ pub fn open(uri: &str, timeout: Duration) -> Result<Box<dyn Registry>> {
         Ok(inner) => Ok(Box::new(WithoutSecrets {
             inner,
             uri: uri.to_string(),
+            secrets,
         })),
-        Err(e) => Err(e.without_secrets_of(uri)),
+        Err(e) => Err(e.without_secrets_of(uri, &secrets)),
     }
+}
+
+/// Reads a password file: it must belong to the server's OS user and give no access to
+/// group or others (as libpq demands of `.pgpass`). Returns the first line.
+pub(crate) fn read_password_file(path: &str) -> Result<String> {
+    Ok(snowflake_core::registry_uri::password_from_file(
+        &read_private_file(path)?,
+    ))
+}
+
+/// Reads a file holding secrets, after checking that only the server's OS user can read it.
+pub(crate) fn read_private_file(path: &str) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| RegistryError(format!("could not read password file \"{path}\": {e}")))?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid || meta.mode() & 0o077 != 0 {
+        return Err(RegistryError(format!(
+            "password file \"{path}\" must be owned by the server's OS user and have no group or other access (chmod 0600); it has mode {:o}",
+            meta.mode() & 0o777
+        )));
+    }
+    std::fs::read_to_string(path)
+        .map_err(|e| RegistryError(format!("could not read password file \"{path}\": {e}")))
+}
+
+/// A TLS connector that verifies the server's certificate and host name against the CA
+/// file (or the system's trusted certificates without one), and the CA file's PEM.
+pub(crate) fn tls_connector(
+    ca_file: Option<&str>,
+) -> Result<(openssl::ssl::SslConnector, Option<Vec<u8>>)> {
+    let mut builder = openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())?;
+    let pem = match ca_file {
+        Some(file) => {
+            let pem = std::fs::read(file)
+                .map_err(|e| RegistryError(format!("could not read CA file \"{file}\": {e}")))?;
+            let store = {
+                let mut store = openssl::x509::store::X509StoreBuilder::new()?;
+                for cert in openssl::x509::X509::stack_from_pem(&pem).map_err(|e| {
+                    RegistryError(format!("CA file \"{file}\" holds no PEM certificate: {e}"))
+                })? {
+                    store.add_cert(cert)?;
+                }
+                store.build()
+            };
+            builder.set_verify_cert_store(store)?;
+            Some(pem)
+        }
+        None => None,
+    };
+    builder.set_verify(openssl::ssl::SslVerifyMode::PEER);
+    Ok((builder.build(), pem))
 }
 
 impl RegistryError {
-    fn without_secrets_of(self, uri: &str) -> RegistryError {
-        RegistryError(without_secrets(&self.0, uri))
+    fn without_secrets_of(self, uri: &str, secrets: &[String]) -> RegistryError {
+        let mut text = without_secrets(&self.0, uri);
+        let mut secrets: Vec<&String> = secrets.iter().filter(|s| s.len() >= 4).collect();
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        for secret in secrets {
+            text = text.replace(secret.as_str(), snowflake_core::secrets::MASK);
+        }
+        RegistryError(text)
     }
 }
 
-/// A registry whose errors never carry the URI's secrets.
+/// A registry whose errors never carry the URI's secrets or the password file's.
 struct WithoutSecrets {
     inner: Box<dyn Registry>,
     uri: String,
+    secrets: Vec<String>,
 }
 
 impl Registry for WithoutSecrets {
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
         self.inner
             .claim(request)
-            .map_err(|e| e.without_secrets_of(&self.uri))
+            .map_err(|e| e.without_secrets_of(&self.uri, &self.secrets))
     }
 
     fn renew(
@@ -217,7 +315,7 @@ impl Registry for WithoutSecrets {
     ) -> Result<(RenewReply, Observed)> {
         self.inner
             .renew(request, worker_id, reassert_known_born)
-            .map_err(|e| e.without_secrets_of(&self.uri))
+            .map_err(|e| e.without_secrets_of(&self.uri, &self.secrets))
     }
 
     fn release(
@@ -229,7 +327,7 @@ impl Registry for WithoutSecrets {
     ) -> Result<()> {
         self.inner
             .release(datacenter_id, worker_id, token, released_unix_ms)
-            .map_err(|e| e.without_secrets_of(&self.uri))
+            .map_err(|e| e.without_secrets_of(&self.uri, &self.secrets))
     }
 }
 
@@ -250,6 +348,9 @@ mod tests {
         assert_eq!(kind_of("redis://127.0.0.1:6379/0"), Some(Kind::Redis));
         assert_eq!(kind_of("postgresql://u@h:5432/db"), Some(Kind::Postgres));
         assert_eq!(kind_of("postgres://u@h/db"), Some(Kind::Postgres));
+        assert_eq!(kind_of("rediss://h"), Some(Kind::Redis));
+        assert_eq!(kind_of("redis+sentinel://h/m"), Some(Kind::Sentinel));
+        assert_eq!(kind_of("etcds://h"), Some(Kind::Etcd));
         assert_eq!(kind_of("http://x"), None);
     }
 }

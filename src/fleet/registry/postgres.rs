@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use super::{
-    wall_ms, ClaimReply, ClaimRequest, Observed, Registry, RegistryError, RenewReply, Result,
+    wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
+    Result,
 };
 use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge};
+use snowflake_core::registry_uri::{pgpass_lookup, split_libpq_extras, LibpqExtras};
 
 /// The coordinator's tables, created on first use (also in the README). The unlogged table
 /// holds a token that crash recovery, a base backup and a standby all start without: a new
@@ -61,13 +63,16 @@ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
 /// A PostgreSQL coordinator.
 pub struct PgRegistry {
     config: postgres::Config,
+    tls: postgres_openssl::MakeTlsConnector,
     client: Option<postgres::Client>,
     created: bool,
 }
 
 impl PgRegistry {
-    pub(super) fn new(uri: &str, timeout: Duration) -> Result<Self> {
-        let mut config: postgres::Config = uri.parse()?;
+    pub(super) fn new(uri: &str, options: &Options) -> Result<Self> {
+        let extras = split_libpq_extras(uri.trim()).map_err(RegistryError)?;
+        let mut config: postgres::Config = extras.uri.parse()?;
+        let timeout = options.timeout;
         let ms = timeout.as_millis();
         // synchronous_commit = on: a claim is acknowledged only once it survives a crash of
         // the coordinator (and reached its synchronous standbys), whatever the server's
@@ -77,12 +82,24 @@ impl PgRegistry {
             .tcp_user_timeout(timeout)
             .keepalives_idle(Duration::from_secs(5))
             .application_name("snowflake registry")
+            .ssl_mode(match extras.sslmode.as_str() {
+                "disable" => postgres::config::SslMode::Disable,
+                "allow" | "prefer" => postgres::config::SslMode::Prefer,
+                _ => postgres::config::SslMode::Require,
+            })
             .options(&format!(
                 "-c synchronous_commit=on -c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={}",
                 ms * 2
             ));
+        if config.get_password().is_none() {
+            if let Some(password) = pgpass_password(&config, &extras, options)? {
+                config.password(password);
+            }
+        }
+        let tls = pg_tls(&extras, options)?;
         Ok(PgRegistry {
             config,
+            tls,
             client: None,
             created: false,
         })
@@ -94,7 +111,7 @@ impl PgRegistry {
         f: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
         if self.client.is_none() {
-            self.client = Some(self.config.connect(postgres::NoTls)?);
+            self.client = Some(self.config.connect(self.tls.clone())?);
         }
         let client = self.client.as_mut().expect("connected above");
         let result = (|| {
@@ -124,6 +141,79 @@ impl PgRegistry {
         }
         result
     }
+}
+
+/// The password from a `.pgpass`-style file, as libpq finds it: the URI's `passfile`, else
+/// `snowflake.registry_password_file`, else `PGPASSFILE`, else `~/.pgpass` of the server's
+/// OS user (only when it exists). The first host of the URI that has an entry gives it.
+fn pgpass_password(
+    config: &postgres::Config,
+    extras: &LibpqExtras,
+    options: &Options,
+) -> Result<Option<String>> {
+    let explicit = extras
+        .passfile
+        .clone()
+        .or_else(|| options.password_file.clone());
+    let file = match explicit {
+        Some(f) => f,
+        None => match std::env::var("PGPASSFILE")
+            .ok()
+            .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pgpass")))
+        {
+            Some(f) if std::path::Path::new(&f).exists() => f,
+            _ => return Ok(None),
+        },
+    };
+    let text = super::read_private_file(&file)?;
+    let user = config.get_user().unwrap_or("");
+    let database = config.get_dbname().unwrap_or(user);
+    let ports = config.get_ports();
+    for (i, host) in config.get_hosts().iter().enumerate() {
+        let postgres::config::Host::Tcp(host) = host else {
+            continue;
+        };
+        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        if let Some(p) = pgpass_lookup(&text, host, port, database, user) {
+            return Ok(Some(p));
+        }
+    }
+    Ok(None)
+}
+
+/// The TLS connector for the URI's `sslmode`: verify-ca and verify-full check the server's
+/// certificate against `sslrootcert` (or `snowflake.registry_ca_file`, or the system's CAs),
+/// and verify-full its host name too; require and prefer encrypt without checking, as libpq.
+fn pg_tls(extras: &LibpqExtras, options: &Options) -> Result<postgres_openssl::MakeTlsConnector> {
+    let builder = if extras.verifies_certificate() {
+        let ca = extras
+            .sslrootcert
+            .clone()
+            .or_else(|| options.ca_file.clone());
+        let mut builder =
+            openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())?;
+        match ca {
+            Some(file) => builder
+                .set_ca_file(&file)
+                .map_err(|e| RegistryError(format!("could not load CA file \"{file}\": {e}")))?,
+            None => builder.set_default_verify_paths()?,
+        }
+        builder.set_verify(openssl::ssl::SslVerifyMode::PEER);
+        builder
+    } else {
+        let mut builder =
+            openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())?;
+        builder.set_verify(openssl::ssl::SslVerifyMode::NONE);
+        builder
+    };
+    let mut connector = postgres_openssl::MakeTlsConnector::new(builder.build());
+    if !extras.verifies_host() {
+        connector.set_callback(|config, _| {
+            config.set_verify_hostname(false);
+            Ok(())
+        });
+    }
+    Ok(connector)
 }
 
 /// The registry row, locked: (now, born, recorded epoch), with the incarnation renewed if
@@ -238,6 +328,7 @@ impl PgRegistry {
                 sent_unix_ms: request.sent_unix_ms,
                 received_unix_ms: wall_ms(),
                 registry_unix_ms: now,
+                registry_resolution_ms: 0,
             },
             born_unix_ms: born,
         };

@@ -4,9 +4,11 @@
 use std::time::Duration;
 
 use super::{
-    wall_ms, ClaimReply, ClaimRequest, Observed, Registry, RegistryError, RenewReply, Result,
+    wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
+    Result,
 };
 use snowflake_core::claim::{ClockSample, Granted, RequestAge};
+use snowflake_core::registry_uri::parse_multi_host;
 
 /// Checks the registry record (incarnation, epoch) and the request's age, and leaves `now`
 /// (Redis time, ms) and `born` set. A new incarnation means Redis restarted, was replaced,
@@ -104,22 +106,165 @@ end
 return 1
 "#;
 
-/// A Redis registry.
+/// A Redis registry: one server, or the master that the sentinels name.
 pub struct RedisRegistry {
-    client: redis::Client,
+    target: Target,
     timeout: Duration,
     connection: Option<redis::Connection>,
+    /// Where `connection` goes (host:port), to notice that the sentinels moved the master.
+    connected_to: String,
     claim: redis::Script,
     renew: redis::Script,
     release: redis::Script,
 }
 
+/// Where requests go.
+enum Target {
+    /// `redis://` or `rediss://`: this server.
+    Direct(redis::Client),
+    /// `redis+sentinel://`: the master that a majority of the sentinels name.
+    Sentinel(Sentinels),
+}
+
+/// The sentinels of a `redis+sentinel://` URI and how to reach the master they name.
+struct Sentinels {
+    /// One client per sentinel.
+    sentinels: Vec<redis::Client>,
+    /// Cached connections to them.
+    connections: Vec<Option<redis::Connection>>,
+    /// The master's name in the sentinels' configuration.
+    master: String,
+    /// How to reach a Redis server: the URI scheme, credentials, database and TLS.
+    server: ServerParams,
+}
+
+/// How to reach a Redis server at an address.
+#[derive(Clone)]
+struct ServerParams {
+    tls: Option<Vec<u8>>,
+    secure: bool,
+    user: String,
+    password: Option<String>,
+    db: i64,
+}
+
+impl ServerParams {
+    fn client(&self, host_port: &str) -> Result<redis::Client> {
+        let scheme = if self.secure { "rediss" } else { "redis" };
+        let mut info = redis::IntoConnectionInfo::into_connection_info(format!(
+            "{scheme}://{host_port}/{}",
+            self.db
+        ))?;
+        let mut settings = info.redis_settings().clone();
+        if !self.user.is_empty() {
+            settings = settings.set_username(&self.user);
+        }
+        if let Some(p) = &self.password {
+            settings = settings.set_password(p);
+        }
+        info = info.set_redis_settings(settings);
+        client_for(info, self.secure, self.tls.as_ref())
+    }
+}
+
+/// A client for `info`, trusting the CA's PEM for TLS (the system's CAs without one).
+fn client_for(
+    info: redis::ConnectionInfo,
+    secure: bool,
+    ca_pem: Option<&Vec<u8>>,
+) -> Result<redis::Client> {
+    if secure {
+        if let redis::ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
+            return Err(RegistryError(
+                "rediss://...#insecure turns certificate checks off; a registry reached without them can be impersonated, which breaks uniqueness".into(),
+            ));
+        }
+        Ok(redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: ca_pem.cloned(),
+            },
+        )?)
+    } else {
+        Ok(redis::Client::open(info)?)
+    }
+}
+
 impl RedisRegistry {
-    pub(super) fn new(uri: &str, timeout: Duration) -> Result<Self> {
+    pub(super) fn new(uri: &str, options: &Options) -> Result<Self> {
+        let lower = uri.trim().to_ascii_lowercase();
+        let ca_pem =
+            match &options.ca_file {
+                Some(file) => Some(std::fs::read(file).map_err(|e| {
+                    RegistryError(format!("could not read CA file \"{file}\": {e}"))
+                })?),
+                None => None,
+            };
+        let file_password = match &options.password_file {
+            Some(file) => Some(super::read_password_file(file)?),
+            None => None,
+        };
+        let target = if lower.starts_with("redis+sentinel://")
+            || lower.starts_with("rediss+sentinel://")
+        {
+            let parsed = parse_multi_host(uri, 26379).map_err(RegistryError)?;
+            let secure = parsed.scheme == "rediss+sentinel";
+            let (master, db) = match parsed.path.as_slice() {
+                [m] => (m.clone(), 0),
+                [m, db] => (
+                    m.clone(),
+                    db.parse::<i64>().map_err(|_| {
+                        RegistryError("the database in a redis+sentinel:// URI must be a number".into())
+                    })?,
+                ),
+                _ => {
+                    return Err(RegistryError(
+                        "a redis+sentinel:// URI names the master: redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB]".into(),
+                    ))
+                }
+            };
+            let server = ServerParams {
+                tls: ca_pem,
+                secure,
+                user: parsed.user.clone(),
+                password: parsed.password.clone().or(file_password),
+                db,
+            };
+            // The sentinels themselves: TLS like the master, no credentials.
+            let sentinel_params = ServerParams {
+                user: String::new(),
+                password: None,
+                db: 0,
+                ..server.clone()
+            };
+            let sentinels = parsed
+                .hosts
+                .iter()
+                .map(|h| sentinel_params.client(h))
+                .collect::<Result<Vec<_>>>()?;
+            Target::Sentinel(Sentinels {
+                connections: sentinels.iter().map(|_| None).collect(),
+                sentinels,
+                master,
+                server,
+            })
+        } else {
+            let mut info = redis::IntoConnectionInfo::into_connection_info(uri)?;
+            if info.redis_settings().password().is_none() {
+                if let Some(p) = &file_password {
+                    let settings = info.redis_settings().clone().set_password(p);
+                    info = info.set_redis_settings(settings);
+                }
+            }
+            let secure = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+            Target::Direct(client_for(info, secure, ca_pem.as_ref())?)
+        };
         Ok(RedisRegistry {
-            client: redis::Client::open(uri)?,
-            timeout,
+            target,
+            timeout: options.timeout,
             connection: None,
+            connected_to: String::new(),
             claim: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_CLAIM}")),
             renew: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_RENEW}")),
             release: redis::Script::new(REDIS_RELEASE),
@@ -127,18 +272,34 @@ impl RedisRegistry {
     }
 
     fn connection(&mut self) -> Result<&mut redis::Connection> {
+        let timeout = self.timeout;
+        let (client, address) = match &mut self.target {
+            Target::Direct(client) => (client.clone(), String::new()),
+            Target::Sentinel(s) => {
+                let address = s.master_address(timeout)?;
+                (s.server.client(&address)?, address)
+            }
+        };
+        if address != self.connected_to {
+            // The sentinels moved the master: never write to the old one again.
+            self.connection = None;
+        }
         if self.connection.is_none() {
-            let c = self.client.get_connection_with_timeout(self.timeout)?;
-            c.set_read_timeout(Some(self.timeout))?;
-            c.set_write_timeout(Some(self.timeout))?;
+            let mut c = client.get_connection_with_timeout(timeout)?;
+            c.set_read_timeout(Some(timeout))?;
+            c.set_write_timeout(Some(timeout))?;
+            if !address.is_empty() {
+                check_is_master(&mut c, &address)?;
+            }
             self.connection = Some(c);
+            self.connected_to = address;
         }
         Ok(self.connection.as_mut().expect("connected above"))
     }
 
     /// Runs `f` on the connection; drops the connection after any error.
     fn with<T>(&mut self, f: impl FnOnce(&mut redis::Connection) -> Result<T>) -> Result<T> {
-        let result = f(self.connection()?);
+        let result = self.connection().and_then(f);
         if result.is_err() {
             self.connection = None;
         }
@@ -183,6 +344,7 @@ impl RedisRegistry {
                 sent_unix_ms: request.sent_unix_ms,
                 received_unix_ms: received,
                 registry_unix_ms: now,
+                registry_resolution_ms: 0,
             },
             born_unix_ms: born,
         };
@@ -206,6 +368,83 @@ fn redis_incarnation(con: &mut redis::Connection) -> Result<String> {
         field(&server, "run_id:").ok_or_else(|| RegistryError("INFO has no run_id".into()))?;
     let replid = field(&replication, "master_replid:").unwrap_or_default();
     Ok(format!("{run_id}/{replid}"))
+}
+
+impl Sentinels {
+    /// The master's address (host:port) as more than half of the sentinels name it. A
+    /// minority (a node cut off with an old master and a stale sentinel) is not followed:
+    /// the old master may still accept writes that the new one never sees.
+    fn master_address(&mut self, timeout: Duration) -> Result<String> {
+        let mut votes: Vec<(String, usize)> = Vec::new();
+        let mut errors = Vec::new();
+        for (client, cached) in self.sentinels.iter().zip(self.connections.iter_mut()) {
+            let answer = (|| -> Result<Option<(String, u16)>> {
+                if cached.is_none() {
+                    let c = client.get_connection_with_timeout(timeout)?;
+                    c.set_read_timeout(Some(timeout))?;
+                    c.set_write_timeout(Some(timeout))?;
+                    *cached = Some(c);
+                }
+                let con = cached.as_mut().expect("connected above");
+                Ok(redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master)
+                    .query(con)?)
+            })();
+            match answer {
+                Ok(Some((host, port))) => {
+                    let address = if host.contains(':') {
+                        format!("[{host}]:{port}")
+                    } else {
+                        format!("{host}:{port}")
+                    };
+                    match votes.iter_mut().find(|(a, _)| *a == address) {
+                        Some((_, n)) => *n += 1,
+                        None => votes.push((address, 1)),
+                    }
+                }
+                Ok(None) => errors.push(format!(
+                    "a sentinel knows no master named \"{}\"",
+                    self.master
+                )),
+                Err(e) => {
+                    *cached = None;
+                    errors.push(e.0);
+                }
+            }
+        }
+        let needed = self.sentinels.len() / 2 + 1;
+        votes
+            .into_iter()
+            .find(|(_, n)| *n >= needed)
+            .map(|(a, _)| a)
+            .ok_or_else(|| {
+                RegistryError(format!(
+                    "fewer than {needed} of the {} sentinels agree on master \"{}\"{}",
+                    self.sentinels.len(),
+                    self.master,
+                    if errors.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", errors.join("; "))
+                    }
+                ))
+            })
+    }
+}
+
+/// Checks that the server the sentinels named is a master (it may still be starting, or
+/// be demoted between the sentinels' answer and the connection).
+fn check_is_master(con: &mut redis::Connection, address: &str) -> Result<()> {
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query(con)?;
+    let first: String =
+        redis::from_redis_value(role.first().cloned().unwrap_or(redis::Value::Nil))?;
+    if first != "master" {
+        return Err(RegistryError(format!(
+            "the server the sentinels name as master ({address}) reports role \"{first}\""
+        )));
+    }
+    Ok(())
 }
 
 fn int_at(rest: &[redis::Value], i: usize) -> Result<Option<i64>> {

@@ -1,0 +1,746 @@
+//! The etcd registry client (v3 API, through the `etcd-client` crate). A claim is a key bound
+//! to an etcd lease of `claim_ttl` (rounded up to whole seconds), so the store itself drops a
+//! claim whose holder stopped renewing, and a renewal is a keep-alive of that lease. Every
+//! step reads one snapshot of the datacenter's keys, decides with the core's rules, and
+//! writes in one transaction that compares the revisions it read (or that a key is still
+//! absent): a grant is a linearizable write, and a step that raced another writes nothing
+//! and starts again.
+//!
+//! Keys, under the URI's prefix (default `/snowflake`):
+//! - `PREFIX/fleet`: the fleet's epoch and when this incarnation began
+//!   ([`FleetRecord`]). Missing (a new or wiped cluster) or older than a revision this
+//!   client saw (a restore from a snapshot): the registry begins again and settles;
+//! - `PREFIX/claim/DC/W`: the holder's token, bound to its lease;
+//! - `PREFIX/marks/DC/W`: the id's high-water mark, its holder's floor and the last clean
+//!   release ([`Marks`]).
+//!
+//! etcd's API has no clock: the registry's clock is the `Date` header of the member's HTTP
+//! endpoint (`/version`, on the client port), read in whole seconds (see
+//! [`snowflake_core::kvclaims`]).
+//!
+//! One member is used at a time; any failed or timed-out request moves to the next, so a
+//! dead or frozen member costs one request. Requests need a leader (`require_leader`): a
+//! member cut off from the majority refuses at once instead of serving old data.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, OpenSslClientConfig, PutOptions, Txn,
+    TxnOp, TxnOpResponse,
+};
+
+use super::{
+    wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
+    Result,
+};
+use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge};
+use snowflake_core::kvclaims::{
+    lease_seconds, parse_http_date, FleetRecord, Marks, HTTP_DATE_RESOLUTION_MS,
+};
+use snowflake_core::registry_uri::parse_multi_host;
+
+/// How often a step starts again after a transaction found the snapshot changed.
+const ATTEMPTS: usize = 5;
+
+/// An etcd registry.
+pub struct EtcdRegistry {
+    endpoints: Vec<String>,
+    tls: Option<openssl::ssl::SslConnector>,
+    ca_pem: Option<Vec<u8>>,
+    credentials: Option<(String, String)>,
+    prefix: String,
+    timeout: Duration,
+    runtime: tokio::runtime::Runtime,
+    client: Option<Client>,
+    current: usize,
+    /// The highest store revision this client has seen: a lower one means the store went
+    /// back (restored from a snapshot), and lost what it acknowledged since.
+    highest_revision: i64,
+}
+
+/// One consistent read of the datacenter's keys.
+struct Snapshot {
+    fleet: Option<(FleetRecord, i64)>,
+    /// (worker, token, lease, mod revision).
+    claims: Vec<(u8, String, i64, i64)>,
+    /// (worker, marks, mod revision).
+    marks: Vec<(u8, Marks, i64)>,
+}
+
+impl Snapshot {
+    fn claim(&self, w: u8) -> Option<&(u8, String, i64, i64)> {
+        self.claims.iter().find(|c| c.0 == w)
+    }
+
+    fn marks(&self, w: u8) -> (Marks, i64) {
+        self.marks
+            .iter()
+            .find(|m| m.0 == w)
+            .map_or((Marks::default(), 0), |m| (m.1, m.2))
+    }
+}
+
+/// The registry's clock for one step.
+#[derive(Clone, Copy)]
+struct Clock {
+    sample: ClockSample,
+    /// The start of the second the `Date` header named (Unix ms).
+    date_unix_ms: i64,
+}
+
+impl Clock {
+    /// The registry's clock at its earliest (settling is measured from it: never too short).
+    fn earliest(&self) -> i64 {
+        self.date_unix_ms
+    }
+
+    /// The registry's clock at its latest (a new incarnation is born then).
+    fn latest(&self) -> i64 {
+        self.date_unix_ms + HTTP_DATE_RESOLUTION_MS
+    }
+
+    /// Judges a request's age on the safe side of the second: it is "ahead" only if ahead of
+    /// the latest reading, "stale" only if stale at the earliest.
+    fn request_age(&self, request: &ClaimRequest<'_>) -> RequestAge {
+        let timing = request.timing();
+        match (
+            timing.request_age(request.sent_unix_ms, self.latest()),
+            timing.request_age(request.sent_unix_ms, self.earliest()),
+        ) {
+            (RequestAge::Ahead, _) => RequestAge::Ahead,
+            (_, RequestAge::Stale) => RequestAge::Stale,
+            _ => RequestAge::Fresh,
+        }
+    }
+}
+
+/// What a step found before it acts.
+enum Begun {
+    Epoch(i64),
+    Rejected(RequestAge),
+    Ready(Snapshot, FleetRecord, i64),
+}
+
+impl EtcdRegistry {
+    pub(super) fn new(uri: &str, options: &Options) -> Result<Self> {
+        let parsed = parse_multi_host(uri, 2379).map_err(RegistryError)?;
+        let secure = parsed.scheme == "etcds";
+        let prefix = if parsed.path.is_empty() {
+            "/snowflake".to_string()
+        } else {
+            format!("/{}", parsed.path.join("/"))
+        };
+        let password = match (&parsed.password, &options.password_file) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(file)) => Some(super::read_password_file(file)?),
+            (None, None) => None,
+        };
+        let credentials = match (parsed.user.is_empty(), password) {
+            (true, None) => None,
+            (false, p) => Some((parsed.user.clone(), p.unwrap_or_default())),
+            (true, Some(_)) => {
+                return Err(RegistryError(
+                    "an etcd password needs a user name in the URI (etcd://USER@HOST:PORT)".into(),
+                ))
+            }
+        };
+        let (tls, ca_pem) = if secure {
+            let (connector, pem) = super::tls_connector(options.ca_file.as_deref())?;
+            (Some(connector), pem)
+        } else {
+            (None, None)
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok(EtcdRegistry {
+            endpoints: parsed.hosts,
+            tls,
+            ca_pem,
+            credentials,
+            prefix,
+            timeout: options.timeout,
+            runtime,
+            client: None,
+            current: 0,
+            highest_revision: 0,
+        })
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.endpoints[self.current % self.endpoints.len()]
+    }
+
+    fn key(&self, kind: &str, dc: u8, w: Option<u8>) -> String {
+        match w {
+            Some(w) => format!("{}/{kind}/{dc}/{w}", self.prefix),
+            None => format!("{}/{kind}/{dc}/", self.prefix),
+        }
+    }
+
+    fn fleet_key(&self) -> String {
+        format!("{}/fleet", self.prefix)
+    }
+
+    /// Runs `f` with a connected client, bounded by the timeout. After any failure the
+    /// connection is dropped and the next member is used.
+    fn call<T>(
+        &mut self,
+        f: impl for<'c> FnOnce(
+            &'c mut Client,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = std::result::Result<T, etcd_client::Error>> + 'c>,
+        >,
+    ) -> Result<T> {
+        let result = (|| {
+            if self.client.is_none() {
+                let scheme = if self.tls.is_some() { "https" } else { "http" };
+                let url = format!("{scheme}://{}", self.endpoint());
+                let mut options = ConnectOptions::new()
+                    .with_timeout(self.timeout)
+                    .with_connect_timeout(self.timeout)
+                    .with_require_leader(true);
+                if let Some(pem) = &self.ca_pem {
+                    options =
+                        options.with_openssl_tls(OpenSslClientConfig::default().ca_cert_pem(pem));
+                }
+                if let Some((user, password)) = &self.credentials {
+                    options = options.with_user(user.clone(), password.clone());
+                }
+                let connect = Client::connect([url], Some(options));
+                let client = self
+                    .runtime
+                    .block_on(async { tokio::time::timeout(self.timeout, connect).await })
+                    .map_err(|_| self.timed_out())?
+                    .map_err(|e| self.failed(e))?;
+                self.client = Some(client);
+            }
+            let timeout = self.timeout;
+            let client = self.client.as_mut().expect("connected above");
+            let outcome = self
+                .runtime
+                .block_on(async { tokio::time::timeout(timeout, f(client)).await });
+            match outcome {
+                Err(_) => Err(self.timed_out()),
+                Ok(Err(e)) => Err(self.failed(e)),
+                Ok(Ok(v)) => Ok(v),
+            }
+        })();
+        if result.is_err() {
+            self.client = None;
+            self.current = (self.current + 1) % self.endpoints.len();
+        }
+        result
+    }
+
+    fn timed_out(&self) -> RegistryError {
+        RegistryError(format!(
+            "etcd member {} did not answer within {} ms",
+            self.endpoint(),
+            self.timeout.as_millis()
+        ))
+    }
+
+    fn failed(&self, e: etcd_client::Error) -> RegistryError {
+        RegistryError(format!("etcd member {}: {e}", self.endpoint()))
+    }
+
+    /// Reads the registry's clock: the member's HTTP `Date` header.
+    fn clock(&mut self) -> Result<Clock> {
+        let sent = wall_ms();
+        let result = self.read_date();
+        if result.is_err() {
+            self.client = None;
+            self.current = (self.current + 1) % self.endpoints.len();
+        }
+        let date_unix_ms = result?;
+        let received = wall_ms();
+        Ok(Clock {
+            sample: ClockSample {
+                sent_unix_ms: sent,
+                received_unix_ms: received,
+                registry_unix_ms: date_unix_ms + HTTP_DATE_RESOLUTION_MS / 2,
+                registry_resolution_ms: HTTP_DATE_RESOLUTION_MS,
+            },
+            date_unix_ms,
+        })
+    }
+
+    fn read_date(&self) -> Result<i64> {
+        let endpoint = self.endpoint().to_string();
+        let host = endpoint
+            .rsplit_once(':')
+            .map_or(endpoint.as_str(), |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let address = endpoint
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| RegistryError(format!("etcd member {endpoint}: no address")))?;
+        let stream = TcpStream::connect_timeout(&address, self.timeout)?;
+        stream.set_read_timeout(Some(self.timeout))?;
+        stream.set_write_timeout(Some(self.timeout))?;
+        let request = format!("GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let mut head = Vec::new();
+        let read_head = |s: &mut dyn ReadWrite, head: &mut Vec<u8>| -> Result<()> {
+            s.write_all(request.as_bytes())?;
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                let n = s.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&buf[..n]);
+            }
+            Ok(())
+        };
+        match &self.tls {
+            Some(connector) => {
+                let mut s = connector.connect(&host, stream).map_err(|e| {
+                    RegistryError(format!("etcd member {endpoint}: TLS handshake failed: {e}"))
+                })?;
+                read_head(&mut s, &mut head)?;
+            }
+            None => {
+                let mut s = stream;
+                read_head(&mut s, &mut head)?;
+            }
+        }
+        let text = String::from_utf8_lossy(&head);
+        text.lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.trim()
+                    .eq_ignore_ascii_case("date")
+                    .then(|| parse_http_date(value.trim()))
+                    .flatten()
+            })
+            .ok_or_else(|| {
+                RegistryError(format!(
+                    "etcd member {endpoint}: its HTTP answer carries no Date header"
+                ))
+            })
+    }
+
+    /// Reads the fleet record and the datacenter's claims and marks in one transaction.
+    fn snapshot(&mut self, dc: u8) -> Result<(Snapshot, i64)> {
+        let fleet_key = self.fleet_key();
+        let claims = self.key("claim", dc, None);
+        let marks = self.key("marks", dc, None);
+        let txn = Txn::new().and_then([
+            TxnOp::get(fleet_key, None),
+            TxnOp::get(claims.clone(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(marks.clone(), Some(GetOptions::new().with_prefix())),
+        ]);
+        let response = self.call(|c| Box::pin(c.txn(txn)))?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let mut gets = response.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().to_vec(),
+            _ => Vec::new(),
+        });
+        let fleet_kvs = gets.next().unwrap_or_default();
+        let claim_kvs = gets.next().unwrap_or_default();
+        let mark_kvs = gets.next().unwrap_or_default();
+        let fleet = match fleet_kvs.first() {
+            None => None,
+            Some(kv) => Some((
+                serde_json::from_slice::<FleetRecord>(kv.value()).map_err(|e| {
+                    RegistryError(format!("the fleet record in etcd is not readable: {e}"))
+                })?,
+                kv.mod_revision(),
+            )),
+        };
+        let worker_of = |key: &[u8], prefix: &str| -> Option<u8> {
+            std::str::from_utf8(key)
+                .ok()?
+                .strip_prefix(prefix)?
+                .parse()
+                .ok()
+        };
+        let claims = claim_kvs
+            .iter()
+            .filter_map(|kv| {
+                Some((
+                    worker_of(kv.key(), &claims)?,
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                    kv.lease(),
+                    kv.mod_revision(),
+                ))
+            })
+            .collect();
+        let marks = mark_kvs
+            .iter()
+            .filter_map(|kv| {
+                Some((
+                    worker_of(kv.key(), &marks)?,
+                    serde_json::from_slice::<Marks>(kv.value()).ok()?,
+                    kv.mod_revision(),
+                ))
+            })
+            .collect();
+        Ok((
+            Snapshot {
+                fleet,
+                claims,
+                marks,
+            },
+            revision,
+        ))
+    }
+
+    /// Writes the fleet record anew (this incarnation begins at `born`), if it is still
+    /// as read (`seen`: its mod revision, 0 for absent).
+    fn begin_incarnation(&mut self, epoch_unix_ms: i64, born: i64, seen: i64) -> Result<()> {
+        let record = FleetRecord {
+            epoch_unix_ms,
+            born_unix_ms: born,
+        };
+        let key = self.fleet_key();
+        let value = serde_json::to_vec(&record)?;
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, seen)])
+            .and_then([TxnOp::put(key, value, None)]);
+        let response = self.call(|c| Box::pin(c.txn(txn)))?;
+        if response.succeeded() {
+            // Revisions count from this write on: what came before is gone.
+            self.highest_revision = response.header().map_or(0, |h| h.revision());
+        }
+        Ok(())
+    }
+
+    /// Reads the clock and a snapshot, beginning a new incarnation first when the fleet
+    /// record is missing or the store went back, and checks the epoch and the request's age.
+    fn begin(&mut self, request: &ClaimRequest<'_>) -> Result<(Begun, Observed)> {
+        let clock = self.clock()?;
+        for _ in 0..ATTEMPTS {
+            let (snapshot, revision) = self.snapshot(request.datacenter_id)?;
+            let went_back = revision < self.highest_revision;
+            match snapshot.fleet {
+                None => {
+                    self.begin_incarnation(request.epoch_unix_ms, clock.latest(), 0)?;
+                    continue;
+                }
+                Some((record, seen))
+                    if went_back && record.epoch_unix_ms == request.epoch_unix_ms =>
+                {
+                    self.begin_incarnation(request.epoch_unix_ms, clock.latest(), seen)?;
+                    continue;
+                }
+                Some((record, seen)) => {
+                    self.highest_revision = self.highest_revision.max(revision);
+                    let observed = Observed {
+                        sample: clock.sample,
+                        born_unix_ms: record.born_unix_ms,
+                    };
+                    if record.epoch_unix_ms != request.epoch_unix_ms {
+                        return Ok((Begun::Epoch(record.epoch_unix_ms), observed));
+                    }
+                    return Ok(match clock.request_age(request) {
+                        RequestAge::Fresh => (Begun::Ready(snapshot, record, seen), observed),
+                        age => (Begun::Rejected(age), observed),
+                    });
+                }
+            }
+        }
+        Err(self.contended())
+    }
+
+    fn contended(&self) -> RegistryError {
+        RegistryError(format!(
+            "the etcd registry's keys changed under each of {ATTEMPTS} attempts"
+        ))
+    }
+
+    fn grant_lease(&mut self, ttl_ms: u64) -> Result<i64> {
+        let seconds = lease_seconds(ttl_ms);
+        let response = self.call(|c| Box::pin(c.lease_grant(seconds, None)))?;
+        Ok(response.id())
+    }
+
+    fn revoke_lease(&mut self, lease: i64) {
+        // A lease left behind expires by itself; revoking only frees the id sooner.
+        let _ = self.call(|c| Box::pin(async move { c.lease_revoke(lease).await.map(|_| ()) }));
+    }
+
+    /// Keeps `lease` alive once: false if etcd no longer has it.
+    fn keep_alive(&mut self, lease: i64) -> Result<bool> {
+        let alive = self.call(|c| {
+            Box::pin(async move {
+                match c.lease_keep_alive(lease).await {
+                    Ok(_) => Ok(true),
+                    Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            })
+        })?;
+        Ok(alive)
+    }
+
+    /// Puts the claim and the marks if nothing changed since the snapshot. `claim`: the
+    /// claim key's mod revision as read (it must still be that), or a new lease to bind a
+    /// new claim to (the key must still be absent).
+    #[allow(clippy::too_many_arguments)]
+    fn hold(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        w: u8,
+        claim: HoldClaim,
+        fleet_seen: i64,
+        marks: (Marks, i64),
+        floor: Option<Option<i64>>,
+    ) -> Result<bool> {
+        let dc = request.datacenter_id;
+        let claim_key = self.key("claim", dc, Some(w));
+        let marks_key = self.key("marks", dc, Some(w));
+        let new_marks = serde_json::to_vec(&marks.0.held(request.cap_unix_ms, floor))?;
+        let mut compares = vec![
+            Compare::mod_revision(self.fleet_key(), CompareOp::Equal, fleet_seen),
+            Compare::mod_revision(marks_key.clone(), CompareOp::Equal, marks.1),
+        ];
+        let mut ops = vec![TxnOp::put(marks_key, new_marks, None)];
+        match claim {
+            HoldClaim::Existing {
+                mod_revision,
+                lease,
+            } => {
+                compares.push(Compare::mod_revision(
+                    claim_key.clone(),
+                    CompareOp::Equal,
+                    mod_revision,
+                ));
+                compares.push(Compare::lease(claim_key, CompareOp::Equal, lease));
+            }
+            HoldClaim::New { lease } => {
+                compares.push(Compare::create_revision(
+                    claim_key.clone(),
+                    CompareOp::Equal,
+                    0,
+                ));
+                ops.push(TxnOp::put(
+                    claim_key,
+                    request.token.as_bytes().to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
+            }
+        }
+        let txn = Txn::new().when(compares).and_then(ops);
+        Ok(self.call(|c| Box::pin(c.txn(txn)))?.succeeded())
+    }
+
+    /// Binds a new claim of `w` to a new lease; false if the snapshot changed.
+    fn hold_new(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        w: u8,
+        fleet_seen: i64,
+        marks: (Marks, i64),
+        floor: Option<i64>,
+    ) -> Result<bool> {
+        let lease = self.grant_lease(request.ttl_ms)?;
+        let held = self.hold(
+            request,
+            w,
+            HoldClaim::New { lease },
+            fleet_seen,
+            marks,
+            Some(floor),
+        );
+        if !matches!(held, Ok(true)) {
+            self.revoke_lease(lease);
+        }
+        held
+    }
+
+    /// Renews an existing claim of `w` (its lease, then its marks); false if the claim
+    /// changed or its lease is gone.
+    fn hold_existing(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        w: u8,
+        claim: (i64, i64),
+        fleet_seen: i64,
+        marks: (Marks, i64),
+    ) -> Result<bool> {
+        let (lease, mod_revision) = claim;
+        if !self.keep_alive(lease)? {
+            return Ok(false);
+        }
+        self.hold(
+            request,
+            w,
+            HoldClaim::Existing {
+                mod_revision,
+                lease,
+            },
+            fleet_seen,
+            marks,
+            None,
+        )
+    }
+}
+
+/// The claim key a hold writes.
+enum HoldClaim {
+    Existing { mod_revision: i64, lease: i64 },
+    New { lease: i64 },
+}
+
+/// Reads and writes a byte stream (plain or TLS).
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+impl Registry for EtcdRegistry {
+    fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
+        for _ in 0..ATTEMPTS {
+            let (begun, observed) = self.begin(request)?;
+            let (snapshot, record, fleet_seen) = match begun {
+                Begun::Epoch(e) => {
+                    return Ok((
+                        ClaimReply::EpochMismatch {
+                            registry_epoch_unix_ms: e,
+                        },
+                        observed,
+                    ))
+                }
+                Begun::Rejected(age) => return Ok((ClaimReply::Rejected(age), observed)),
+                Begun::Ready(s, r, seen) => (s, r, seen),
+            };
+            let holders: Vec<(u8, &str)> = snapshot
+                .claims
+                .iter()
+                .map(|(w, t, _, _)| (*w, t.as_str()))
+                .collect();
+            let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
+            let settle = request
+                .timing()
+                .settle_wait_ms(record.born_unix_ms, earliest);
+            match claim::choose_worker(request.order, &holders, request.token, settle) {
+                ClaimChoice::Own(w) => {
+                    let &(_, _, lease, mod_revision) = snapshot.claim(w).expect("chosen as held");
+                    let marks = snapshot.marks(w);
+                    if self.hold_existing(request, w, (lease, mod_revision), fleet_seen, marks)? {
+                        return Ok((
+                            ClaimReply::Granted {
+                                worker_id: w,
+                                granted: Granted::Own,
+                                floor_unix_ms: marks.0.floor_unix_ms,
+                            },
+                            observed,
+                        ));
+                    }
+                }
+                ClaimChoice::Free(w) => {
+                    let marks = snapshot.marks(w);
+                    let floor = marks.0.free_grant_floor();
+                    if self.hold_new(request, w, fleet_seen, marks, floor)? {
+                        return Ok((
+                            ClaimReply::Granted {
+                                worker_id: w,
+                                granted: Granted::Free,
+                                floor_unix_ms: floor,
+                            },
+                            observed,
+                        ));
+                    }
+                }
+                ClaimChoice::Settling(wait_ms) => {
+                    return Ok((ClaimReply::Settling { wait_ms }, observed))
+                }
+                ClaimChoice::Exhausted(taken) => {
+                    return Ok((ClaimReply::Exhausted { taken }, observed))
+                }
+            }
+        }
+        Err(self.contended())
+    }
+
+    fn renew(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        worker_id: u8,
+        reassert_known_born: Option<i64>,
+    ) -> Result<(RenewReply, Observed)> {
+        for _ in 0..ATTEMPTS {
+            let (begun, observed) = self.begin(request)?;
+            let (snapshot, record, fleet_seen) = match begun {
+                Begun::Epoch(_) => {
+                    return Err(RegistryError(
+                        "the registry now records another epoch for the fleet".into(),
+                    ))
+                }
+                Begun::Rejected(age) => return Ok((RenewReply::Rejected(age), observed)),
+                Begun::Ready(s, r, seen) => (s, r, seen),
+            };
+            let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
+            let reassert = reassert_known_born.is_some_and(|known| {
+                request
+                    .timing()
+                    .may_reassert(known, record.born_unix_ms, earliest)
+            });
+            let marks = snapshot.marks(worker_id);
+            let held = match snapshot.claim(worker_id) {
+                Some((_, token, lease, mod_revision)) if token == request.token => self
+                    .hold_existing(
+                        request,
+                        worker_id,
+                        (*lease, *mod_revision),
+                        fleet_seen,
+                        marks,
+                    )?,
+                None if reassert => self.hold_new(request, worker_id, fleet_seen, marks, None)?,
+                Some((_, token, _, _)) => {
+                    return Ok((
+                        RenewReply::Lost {
+                            holder: Some(token.clone()),
+                        },
+                        observed,
+                    ))
+                }
+                None => return Ok((RenewReply::Lost { holder: None }, observed)),
+            };
+            if held {
+                return Ok((RenewReply::Renewed, observed));
+            }
+        }
+        Err(self.contended())
+    }
+
+    fn release(
+        &mut self,
+        datacenter_id: u8,
+        worker_id: u8,
+        token: &str,
+        released_unix_ms: Option<i64>,
+    ) -> Result<()> {
+        for _ in 0..ATTEMPTS {
+            let (snapshot, _) = self.snapshot(datacenter_id)?;
+            let Some((_, holder, lease, mod_revision)) = snapshot.claim(worker_id).cloned() else {
+                return Ok(());
+            };
+            if holder != token {
+                return Ok(());
+            }
+            let (marks, marks_seen) = snapshot.marks(worker_id);
+            let claim_key = self.key("claim", datacenter_id, Some(worker_id));
+            let marks_key = self.key("marks", datacenter_id, Some(worker_id));
+            let value = serde_json::to_vec(&marks.released(released_unix_ms))?;
+            let txn = Txn::new()
+                .when([
+                    Compare::mod_revision(claim_key.clone(), CompareOp::Equal, mod_revision),
+                    Compare::mod_revision(marks_key.clone(), CompareOp::Equal, marks_seen),
+                ])
+                .and_then([
+                    TxnOp::delete(claim_key, None),
+                    TxnOp::put(marks_key, value, None),
+                ]);
+            if self.call(|c| Box::pin(c.txn(txn)))?.succeeded() {
+                self.revoke_lease(lease);
+                return Ok(());
+            }
+        }
+        Err(self.contended())
+    }
+}
