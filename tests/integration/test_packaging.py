@@ -59,7 +59,7 @@ class Upgrade(unittest.TestCase):
             self.assertEqual(e.sqlstate, "42883")
             conn.execute("ALTER EXTENSION snowflake UPDATE")
             version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'snowflake'").fetchone()[0]
-            self.assertEqual(version, "0.6.0")
+            self.assertEqual(version, "0.7.0")
             # Behaviour after the update: the same table keeps working, new API present.
             conn.execute("INSERT INTO t (v) VALUES (1001)")
             self.assertGreater(conn.execute("SELECT max(id) FROM t").fetchone()[0], before)

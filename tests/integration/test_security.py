@@ -127,6 +127,11 @@ class RegistryPasswordIsNeverShown(SecurityCase):
             (f"postgresql://reguser:Pa?ssw0rd@{h}/db", "ssw0rd", "postgresql", "reguser", f"{h}/db"),
             (f"redis://:R3disPw@{h}/0", "R3disPw", "redis", None, f"{h}/0"),
             (f"redis://default:R3disPw@{h}", "R3disPw", "redis", "default", h),
+            (f"rediss://default:TlsR3disPw@{h}:6380/0", "TlsR3disPw", "rediss", "default", f"{h}:6380/0"),
+            (f"redis+sentinel://:S3ntinelPw@{h}:26379,{h}:26380/mymaster", "S3ntinelPw",
+             "redis+sentinel", None, f"{h}:26380/mymaster"),
+            (f"etcd://snowuser:Etcd5ecretPw@{h}:2379,{h}:2380/snow", "Etcd5ecretPw", "etcd", "snowuser",
+             f"{h}:2380/snow"),
         ]
 
     def test_password_forms(self):

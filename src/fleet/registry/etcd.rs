@@ -619,7 +619,10 @@ impl Registry for EtcdRegistry {
                 .settle_wait_ms(record.born_unix_ms, earliest);
             match claim::choose_worker(request.order, &holders, request.token, settle) {
                 ClaimChoice::Own(w) => {
-                    let &(_, _, lease, mod_revision) = snapshot.claim(w).expect("chosen as held");
+                    // Chosen because this token holds it, so the key is in the snapshot.
+                    let Some(&(_, _, lease, mod_revision)) = snapshot.claim(w) else {
+                        continue;
+                    };
                     let marks = snapshot.marks(w);
                     if self.hold_existing(request, w, (lease, mod_revision), fleet_seen, marks)? {
                         return Ok((
