@@ -18,6 +18,9 @@
 //! endpoint (`/version`, on the client port), read in whole seconds (see
 //! [`snowflake_core::kvclaims`]).
 //!
+//! A restore from a snapshot is a loss etcd does not signal: see
+//! [`EtcdRegistry::first_contact_wait_ms`] for how it is covered.
+//!
 //! One member is used at a time; any failed or timed-out request moves to the next, so a
 //! dead or frozen member costs one request. Requests need a leader (`require_leader`): a
 //! member cut off from the majority refuses at once instead of serving old data.
@@ -58,6 +61,8 @@ pub struct EtcdRegistry {
     /// The highest store revision this client has seen: a lower one means the store went
     /// back (restored from a snapshot), and lost what it acknowledged since.
     highest_revision: i64,
+    /// When this client first read the store (see [`EtcdRegistry::first_contact_wait_ms`]).
+    first_contact: Option<std::time::Instant>,
 }
 
 /// One consistent read of the datacenter's keys.
@@ -166,7 +171,23 @@ impl EtcdRegistry {
             client: None,
             current: 0,
             highest_revision: 0,
+            first_contact: None,
         })
+    }
+
+    /// How long this client still waits before it takes a free id (ms). A store restored
+    /// from a snapshot looks like any other to a client that never saw its later revisions,
+    /// and etcd gives no sign of the restore. The servers that did see them notice at their
+    /// next renewal (a lower revision) and make the registry settle; a server cut off from
+    /// the store stops issuing within the fence's reach of its last renewal, which came
+    /// before the restore. So a new client (every start of the registry worker) waits the
+    /// fence's reach plus one request's timeout after it first read the store before it takes
+    /// an id that is free there: by then every id granted in the lost revisions is either
+    /// claimed again or no longer used. Own claims and renewals do not wait.
+    fn first_contact_wait_ms(&mut self, request: &ClaimRequest<'_>) -> u64 {
+        let started = *self.first_contact.get_or_insert_with(std::time::Instant::now);
+        let needed = request.timing().fence_reach_ms() + self.timeout.as_millis() as u64;
+        needed.saturating_sub(started.elapsed().as_millis() as u64)
     }
 
     fn endpoint(&self) -> &str {
@@ -336,6 +357,7 @@ impl EtcdRegistry {
             TxnOp::get(marks.clone(), Some(GetOptions::new().with_prefix())),
         ]);
         let response = self.call(|c| Box::pin(c.txn(txn)))?;
+        self.first_contact.get_or_insert_with(std::time::Instant::now);
         let revision = response.header().map_or(0, |h| h.revision());
         let mut gets = response.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().to_vec(),
@@ -404,10 +426,9 @@ impl EtcdRegistry {
             .when([Compare::mod_revision(key.clone(), CompareOp::Equal, seen)])
             .and_then([TxnOp::put(key, value, None)]);
         let response = self.call(|c| Box::pin(c.txn(txn)))?;
-        if response.succeeded() {
-            // Revisions count from this write on: what came before is gone.
-            self.highest_revision = response.header().map_or(0, |h| h.revision());
-        }
+        // Revisions count from here on, whether this write began the new incarnation or
+        // another server's did (the compare failed): what came before is gone.
+        self.highest_revision = response.header().map_or(0, |h| h.revision());
         Ok(())
     }
 
@@ -634,6 +655,10 @@ impl Registry for EtcdRegistry {
                             observed,
                         ));
                     }
+                }
+                ClaimChoice::Free(_) if self.first_contact_wait_ms(request) > 0 => {
+                    let wait_ms = self.first_contact_wait_ms(request);
+                    return Ok((ClaimReply::Settling { wait_ms }, observed));
                 }
                 ClaimChoice::Free(w) => {
                     let marks = snapshot.marks(w);
