@@ -357,8 +357,7 @@ impl Holder {
             Ok((ClaimReply::Settling { wait_ms }, observed)) => {
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
                 let why = format!(
-                    "The registry began {} ms ago (new, restarted, crash-restarted, restored or failed over) and grants free worker ids only {} ms after it began, so that servers still holding claims can renew them first. It grants them in {wait_ms} ms.",
-                    self.timing.ttl_ms().saturating_sub(wait_ms),
+                    "The registry grants free worker ids in {wait_ms} ms: it began less than {} ms ago (new, restarted, crash-restarted, restored or failed over), or this server reached it only just (etcd), and servers still holding claims renew them first.",
                     self.timing.ttl_ms()
                 );
                 self.report(ClaimStatus::Settling, &why, 0);

@@ -185,7 +185,9 @@ impl EtcdRegistry {
     /// an id that is free there: by then every id granted in the lost revisions is either
     /// claimed again or no longer used. Own claims and renewals do not wait.
     fn first_contact_wait_ms(&mut self, request: &ClaimRequest<'_>) -> u64 {
-        let started = *self.first_contact.get_or_insert_with(std::time::Instant::now);
+        let started = *self
+            .first_contact
+            .get_or_insert_with(std::time::Instant::now);
         let needed = request.timing().fence_reach_ms() + self.timeout.as_millis() as u64;
         needed.saturating_sub(started.elapsed().as_millis() as u64)
     }
@@ -357,7 +359,8 @@ impl EtcdRegistry {
             TxnOp::get(marks.clone(), Some(GetOptions::new().with_prefix())),
         ]);
         let response = self.call(|c| Box::pin(c.txn(txn)))?;
-        self.first_contact.get_or_insert_with(std::time::Instant::now);
+        self.first_contact
+            .get_or_insert_with(std::time::Instant::now);
         let revision = response.header().map_or(0, |h| h.revision());
         let mut gets = response.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().to_vec(),
