@@ -47,6 +47,9 @@ use snowflake_core::registry_uri::parse_multi_host;
 /// How often a step starts again after a transaction found the snapshot changed.
 const ATTEMPTS: usize = 5;
 
+/// The holder shown for a claim key older than the registry's current incarnation.
+const FROM_BEFORE_THE_LOSS: &str = "a claim from before the registry's loss";
+
 /// An etcd registry.
 pub struct EtcdRegistry {
     endpoints: Vec<String>,
@@ -529,13 +532,21 @@ impl EtcdRegistry {
             HoldClaim::Existing {
                 mod_revision,
                 lease,
+                rewrite,
             } => {
                 compares.push(Compare::mod_revision(
                     claim_key.clone(),
                     CompareOp::Equal,
                     mod_revision,
                 ));
-                compares.push(Compare::lease(claim_key, CompareOp::Equal, lease));
+                compares.push(Compare::lease(claim_key.clone(), CompareOp::Equal, lease));
+                if rewrite {
+                    ops.push(TxnOp::put(
+                        claim_key,
+                        request.token.as_bytes().to_vec(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ));
+                }
             }
             HoldClaim::New { lease } => {
                 compares.push(Compare::create_revision(
@@ -579,7 +590,8 @@ impl EtcdRegistry {
     }
 
     /// Renews an existing claim of `w` (its lease, then its marks); false if the claim
-    /// changed or its lease is gone.
+    /// changed or its lease is gone. `rewrite`: also write the claim key again, so that it
+    /// belongs to the current incarnation (a claim re-asserted after a loss).
     fn hold_existing(
         &mut self,
         request: &ClaimRequest<'_>,
@@ -587,6 +599,7 @@ impl EtcdRegistry {
         claim: (i64, i64),
         fleet_seen: i64,
         marks: (Marks, i64),
+        rewrite: bool,
     ) -> Result<bool> {
         let (lease, mod_revision) = claim;
         if !self.keep_alive(lease)? {
@@ -598,6 +611,7 @@ impl EtcdRegistry {
             HoldClaim::Existing {
                 mod_revision,
                 lease,
+                rewrite,
             },
             fleet_seen,
             marks,
@@ -608,8 +622,14 @@ impl EtcdRegistry {
 
 /// The claim key a hold writes.
 enum HoldClaim {
-    Existing { mod_revision: i64, lease: i64 },
-    New { lease: i64 },
+    Existing {
+        mod_revision: i64,
+        lease: i64,
+        rewrite: bool,
+    },
+    New {
+        lease: i64,
+    },
 }
 
 /// Reads and writes a byte stream (plain or TLS).
@@ -632,10 +652,24 @@ impl Registry for EtcdRegistry {
                 Begun::Rejected(age) => return Ok((ClaimReply::Rejected(age), observed)),
                 Begun::Ready(s, r, seen) => (s, r, seen),
             };
+            // A claim key older than the current incarnation may be one a restore brought
+            // back after it had lapsed and gone to another server: it is not this server's
+            // to take back by its token alone (only its holder, re-asserting within its
+            // fence, may: see `renew`). Here it counts as another server's.
             let holders: Vec<(u8, &str)> = snapshot
                 .claims
                 .iter()
-                .map(|(w, t, _, _)| (*w, t.as_str()))
+                .map(|(w, t, _, m)| {
+                    let from_before = *m < fleet_seen;
+                    (
+                        *w,
+                        if from_before {
+                            FROM_BEFORE_THE_LOSS
+                        } else {
+                            t.as_str()
+                        },
+                    )
+                })
                 .collect();
             let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
             let settle = request
@@ -648,7 +682,14 @@ impl Registry for EtcdRegistry {
                         continue;
                     };
                     let marks = snapshot.marks(w);
-                    if self.hold_existing(request, w, (lease, mod_revision), fleet_seen, marks)? {
+                    if self.hold_existing(
+                        request,
+                        w,
+                        (lease, mod_revision),
+                        fleet_seen,
+                        marks,
+                        false,
+                    )? {
                         return Ok((
                             ClaimReply::Granted {
                                 worker_id: w,
@@ -713,14 +754,35 @@ impl Registry for EtcdRegistry {
             });
             let marks = snapshot.marks(worker_id);
             let held = match snapshot.claim(worker_id) {
-                Some((_, token, lease, mod_revision)) if token == request.token => self
-                    .hold_existing(
+                // Written in this incarnation: a plain renewal.
+                Some((_, token, lease, mod_revision))
+                    if token == request.token && *mod_revision > fleet_seen =>
+                {
+                    self.hold_existing(
                         request,
                         worker_id,
                         (*lease, *mod_revision),
                         fleet_seen,
                         marks,
-                    )?,
+                        false,
+                    )?
+                }
+                // From before the registry's loss (a restore may have brought it back after
+                // it lapsed and went to another server): kept only as a re-assertion, by a
+                // holder whose fence still holds, while the registry settles.
+                Some((_, token, lease, mod_revision)) if token == request.token => {
+                    if !reassert {
+                        return Ok((RenewReply::Lost { holder: None }, observed));
+                    }
+                    self.hold_existing(
+                        request,
+                        worker_id,
+                        (*lease, *mod_revision),
+                        fleet_seen,
+                        marks,
+                        true,
+                    )?
+                }
                 None if reassert => self.hold_new(request, worker_id, fleet_seen, marks, None)?,
                 Some((_, token, _, _)) => {
                     return Ok((
