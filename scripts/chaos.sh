@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A long randomized fault campaign for snowflake.worker_id = 'auto' (tests/integration/chaos.py):
-# nodes claiming worker ids from Redis and/or a PostgreSQL coordinator under kills, freezes,
-# restarts, clock steps, registry losses and clones, then a checker over every ID issued.
-#   scripts/chaos.sh --minutes 60 [--seed S] [--registry redis|pg|both] [--nodes 3]
+# nodes claiming worker ids from Redis, a PostgreSQL coordinator, etcd (three members) or Redis
+# Sentinel (master, replica, three sentinels) under kills, freezes, restarts, clock steps,
+# registry losses (and member losses, failovers) and clones, then a checker over every ID issued.
+#   scripts/chaos.sh --minutes 60 [--seed S] [--registry redis|pg|etcd|sentinel|both|all] [--nodes 3]
 #                    [--schedules K] [--kinds K1,K2] [--major 15] [--no-install] [--keep-going] [--keep]
-# The minutes are split into schedules (5 minutes each by default; with both registries they
-# alternate), each a fresh fleet. Without --seed a random seed is picked and printed; the
+# The minutes are split into schedules (5 minutes each by default; with both (redis, pg) or all
+# (redis, pg, etcd, sentinel) the registries alternate), each a fresh fleet. Without --seed a random seed is picked and printed; the
 # same seed (and --minutes, --registry, --nodes, --schedules) replays the same schedules.
 # Builds and installs the extension for the major first (like bench.sh) unless --no-install;
 # with --no-install, PG_BIN in the environment (a bin directory whose installation has the
@@ -24,7 +25,7 @@ install=1
 major="${PG_MAJOR:-15}"
 pg_bin_override=""
 usage() {
-    echo "usage: scripts/chaos.sh --minutes N [--seed S] [--registry redis|pg|both] [--nodes N]" \
+    echo "usage: scripts/chaos.sh --minutes N [--seed S] [--registry redis|pg|etcd|sentinel|both|all] [--nodes N]" \
          "[--schedules K] [--major M] [--no-install] [--keep-going] [--keep]" >&2
     exit 2
 }
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-case "$registry" in redis|pg|both) ;; *) usage ;; esac
+case "$registry" in redis|pg|etcd|sentinel|both|all) ;; *) usage ;; esac
 
 if [ "$install" = 0 ] && [ -n "$caller_pg_bin" ]; then
     pg_bin_override="$caller_pg_bin"
@@ -56,8 +57,16 @@ if [ "$install" = 1 ]; then
     PG_MAJORS="$major" "$REPO_ROOT/scripts/setup.sh"
     install_extension
 fi
-for tool in redis-server redis-cli; do
-    command -v "$tool" >/dev/null || { echo "chaos.sh: $tool is missing (scripts/setup.sh installs it)" >&2; exit 2; }
+# Redis is needed for the fixtures of every registry kind the campaign may draw; etcd and
+# Sentinel only when their schedules run.
+tools=(redis-server redis-cli)
+case "$registry" in
+    etcd) tools+=(etcd etcdctl) ;;
+    sentinel) tools+=(redis-sentinel) ;;
+    all) tools+=(etcd etcdctl redis-sentinel) ;;
+esac
+for tool in "${tools[@]}"; do
+    command -v "$tool" >/dev/null || { echo "chaos.sh: $tool is missing (scripts/setup.sh installs it: etcd-server, etcd-client, redis-sentinel)" >&2; exit 2; }
 done
 
 if [ -z "$seed" ]; then

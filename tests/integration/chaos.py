@@ -2,13 +2,18 @@
 """A randomized fault campaign ("chaos") for snowflake.worker_id = 'auto', with a checker.
 
 Jepsen-style: a fleet of PostgreSQL servers ("nodes") claims worker ids from one registry
-(Redis, or a PostgreSQL coordinator) in a datacenter whose other ids are held by fake live
+(Redis, a PostgreSQL coordinator, a three-member etcd cluster, or a Redis master and replica
+behind three Sentinels) in a datacenter whose other ids are held by fake live
 servers, so that ids are reused all the time. Writer threads (2 per node) take IDs
 continuously and record every acknowledged one with the real time its request was sent and
 acknowledged. Meanwhile a schedule of faults, made up front from the seed alone, is played:
 SIGKILL / SIGSTOP of backends, of the registry worker and of whole nodes, clean and immediate
 restarts, clock steps (clock shim), registry kills, empty restarts, crash restarts with
-unflushed writes, restores from old copies, and clones of running nodes started beside them.
+unflushed writes, restores from old copies, and clones of running nodes started beside them;
+for etcd also one member killed, frozen or restarted (the leader or another), the whole
+cluster wiped or restored from an older `etcdctl snapshot save`; for Sentinel the master
+killed (failover, the old one back as a replica), frozen past the failover (a stale master
+when it continues), a sentinel or the replica killed, and manual failovers.
 At the end the checker looks at the whole history:
 
   (a) no acknowledged ID twice, across all nodes and all time;
@@ -32,6 +37,7 @@ Usage (from tests/integration, as root, PG_BIN/PG_MAJOR/SNOWFLAKE_IT_BASE as for
     python3 chaos.py --minutes 10 --seed 42 --registry both [--nodes 3] [--schedules K]
     python3 chaos.py --seed 42 --registry pg --dry-run        (print the schedules only)
     python3 chaos.py --seed 4 --minutes 1.2 --registry redis --schedules 1 --kinds handover
+    python3 chaos.py --minutes 30 --registry etcd|sentinel|all   (all: the four alternate)
 Schedule i of seed S is a pure function of (S, i, registry, nodes, length, ttl, free, kinds):
 the same arguments replay the same schedule (--only I runs schedule I alone). What happens
 when it is played still depends on timing (a fault finding its node busy is skipped, and
@@ -42,9 +48,12 @@ reported, not failed.
 
 import argparse
 import atexit
+import base64
 import bisect
 import glob
+import http.client
 import json
+import math
 import os
 import random
 import re
@@ -124,6 +133,30 @@ PG_ONLY_KINDS = {
                                      # loses async commits, same postmaster start time
     "claim_then_registry_crash": 4,  # a node claims anew, then the coordinator crash-restarts
 }
+# etcd: the generic registry kinds act on the whole cluster (registry_kill: every member
+# SIGKILLed, down a while, started on its data; registry_restart_empty: every data directory
+# wiped, same ports and cluster token; registry_restore_old: `etcdctl snapshot restore` of an
+# older `snapshot save` into fresh data directories, same names, ports and token).
+ETCD_KINDS = {
+    "registry_kill": 2,
+    "registry_restart_clean": 1,
+    "etcd_member_kill": 6,       # one member (the leader or another) SIGKILLed, down a while
+    "etcd_member_stop": 5,       # one member (the leader or another) SIGSTOPped, SIGCONT later
+    "etcd_member_restart": 3,    # one member stopped cleanly (SIGTERM) and started
+}
+# Sentinel: the generic registry kinds act on the current master (registry_kill: SIGKILLed,
+# started again from its last dump as a master, whatever the sentinels did meanwhile).
+SENTINEL_KINDS = {
+    "sentinel_master_kill": 5,   # master SIGKILLed, the sentinels fail over, the old one
+                                 # started again later (empty) as a replica of the new one
+    "sentinel_master_stop": 4,   # master SIGSTOPped (mostly past the failover: when it
+                                 # continues, a master that no majority names), SIGCONT later
+    "sentinel_kill": 3,          # one sentinel SIGKILLed, down a while
+    "sentinel_replica_kill": 3,  # the replica SIGKILLed, started again empty as a replica
+    "sentinel_failover": 2,      # SENTINEL FAILOVER (a switchover: a new replication id)
+}
+REGISTRY_SPECIFIC = {"pg": PG_ONLY_KINDS, "etcd": ETCD_KINDS, "sentinel": SENTINEL_KINDS}
+REGISTRIES = ("redis", "pg", "etcd", "sentinel")
 NOT_FAULTS = {"registry_snapshot"}
 
 
@@ -169,8 +202,7 @@ class Plan:
         self.clone_seeds = [rng.getrandbits(32) for _ in range(64)]
         kinds = dict(NODE_KINDS)
         kinds.update(REGISTRY_KINDS)
-        if registry == "pg":
-            kinds.update(PG_ONLY_KINDS)
+        kinds.update(REGISTRY_SPECIFIC.get(registry, {}))
         if only_kinds:
             kinds = {k: v for k, v in kinds.items() if k in only_kinds}
             if not kinds:
@@ -228,6 +260,23 @@ class Plan:
                     p["stall"] = round(rng.uniform(0.0, 3.0), 2)
                 elif kind == "registry_restore_old":
                     p["which"] = round(rng.random(), 3)  # 0: the oldest copy, 1: the latest
+                elif kind in ("etcd_member_kill", "etcd_member_stop", "etcd_member_restart"):
+                    p["which"] = rng.choice(["leader", "follower"])
+                    p["pick"] = rng.randrange(2)
+                    if kind == "etcd_member_kill":
+                        p["down"] = round(rng.uniform(0.3, 3 * ttl), 2)
+                    elif kind == "etcd_member_stop":
+                        p["for"] = round(min(rng.uniform(0.3, 3 * ttl), left), 2)
+                elif kind == "sentinel_master_kill":
+                    p["down"] = round(rng.uniform(0.3, 4 * ttl), 2)  # after the failover
+                elif kind == "sentinel_master_stop":
+                    lo, hi = (ttl * 1.5, ttl * 4.0) if rng.random() < 0.75 else (0.2, ttl * 0.4)
+                    p["for"] = round(min(rng.uniform(lo, hi), max(0.5, left)), 2)
+                elif kind == "sentinel_kill":
+                    p["which"] = rng.randrange(3)
+                    p["down"] = round(rng.uniform(0.5, 5 * ttl), 2)
+                elif kind == "sentinel_replica_kill":
+                    p["down"] = round(rng.uniform(0.3, 4 * ttl), 2)
                 elif kind == "handover":
                     p.update(self._handover(rng, left))
                     if p["clone_of"] == target:
@@ -238,7 +287,8 @@ class Plan:
                     # A DBA creates the coordinator's tables again (README DDL), or not: the
                     # nodes then have to create them.
                     p["ddl"] = rng.random() < 0.85
-                if kind.startswith("registry_") and kind != "registry_empty_then_clock":
+                if (kind.startswith(("registry_", "etcd_", "sentinel_"))
+                        and kind != "registry_empty_then_clock"):
                     tgt = "registry"
                 else:
                     tgt = target
@@ -757,6 +807,739 @@ class ChaosCoordinator(Coordinator):
 
 
 # ----------------------------------------------------------------------------------------
+# etcd (three members) and Redis Sentinel (a master, a replica, three sentinels)
+
+def free_ports(n):
+    """n distinct free loopback ports (held open while choosing, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def b64(text):
+    return base64.b64encode(text.encode()).decode()
+
+
+def unb64(text):
+    return base64.b64decode(text).decode()
+
+
+def prefix_end(prefix):
+    """The range end that covers every key starting with `prefix` (etcd's --prefix)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class EtcdHttp:
+    """etcd 3.4's JSON gateway on the client ports: POST /v3/... with base64 keys. Moves to
+    the next member after a failed or timed-out request (a member killed or frozen)."""
+
+    def __init__(self, ports, timeout=1.0):
+        self.ports, self.timeout, self.k = list(ports), timeout, 0
+
+    def call(self, path, body, tries=None):
+        last = None
+        for _ in range(tries or len(self.ports)):
+            port = self.ports[self.k % len(self.ports)]
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=self.timeout)
+                try:
+                    conn.request("POST", path, json.dumps(body),
+                                 {"Content-Type": "application/json"})
+                    r = conn.getresponse()
+                    data = json.loads(r.read() or b"{}")
+                finally:
+                    conn.close()
+                if r.status != 200 or "error" in data:
+                    raise RuntimeError(f"etcd {port} {path}: {r.status} {data}")
+                return data
+            except Exception as e:  # noqa: BLE001
+                last = e
+                self.k += 1
+        raise last
+
+    def grant(self, ttl_s):
+        return self.call("/v3/lease/grant", {"TTL": int(ttl_s)})["ID"]
+
+    def keepalive(self, lease):
+        """Whether the lease still exists (and was renewed)."""
+        r = self.call("/v3/lease/keepalive", {"ID": lease})
+        return int(r.get("result", {}).get("TTL", 0)) > 0
+
+    def revoke(self, lease):
+        try:
+            self.call("/v3/lease/revoke", {"ID": lease})
+        except Exception:  # noqa: BLE001  (gone already)
+            pass
+
+    def range_prefix(self, prefix):
+        r = self.call("/v3/kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix))})
+        return [{"key": unb64(kv["key"]), "value": unb64(kv.get("value", "")),
+                 "lease": kv.get("lease", "0"), "mod": kv.get("mod_revision", "0")}
+                for kv in r.get("kvs", [])]
+
+    def put_if_absent(self, key, value, lease):
+        r = self.call("/v3/kv/txn", {
+            "compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL",
+                         "create_revision": "0"}],
+            "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": lease}}]})
+        return bool(r.get("succeeded"))
+
+    def put_if_mod(self, key, value, lease, mod):
+        r = self.call("/v3/kv/txn", {
+            "compare": [{"key": b64(key), "target": "MOD", "result": "EQUAL",
+                         "mod_revision": str(mod)}],
+            "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": lease}}]})
+        return bool(r.get("succeeded"))
+
+    def delete_if_value(self, key, value):
+        self.call("/v3/kv/txn", {
+            "compare": [{"key": b64(key), "target": "VALUE", "result": "EQUAL",
+                         "value": b64(value)}],
+            "success": [{"request_delete_range": {"key": b64(key)}}]})
+
+    def status(self, port):
+        """(member id, leader id) as member `port` sees it."""
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=self.timeout)
+        try:
+            conn.request("POST", "/v3/maintenance/status", "{}",
+                         {"Content-Type": "application/json"})
+            data = json.loads(conn.getresponse().read() or b"{}")
+        finally:
+            conn.close()
+        return data.get("header", {}).get("member_id"), data.get("leader")
+
+
+class ChaosEtcd:
+    """Three etcd members (Debian's etcd 3.4) on loopback, run as root, data under root.
+
+    Elections: --heartbeat-interval 50 --election-timeout 500. A node fences claim_ttl / 2
+    (1 s with claim_ttl = 2s) after its last renewal and renews every claim_ttl / 5; with
+    etcd's defaults (100 ms / 1000 ms) a killed or frozen leader leaves the cluster without
+    one for 1-2 s, longer than the fence, so every node would stop at each leader loss. With
+    500 ms a new leader is elected within about 0.5-1 s (loopback round trips are far below
+    the 50 ms heartbeat), so a member lost is what the README promises: nothing stops. (The
+    minimum lease TTL, 1.5 election timeouts, is then below claim_ttl's 2 s.)
+
+    Registry faults: the whole cluster SIGKILLed or stopped and started (data intact: etcd
+    fsyncs its WAL), wiped and started empty on the same ports with the same cluster token
+    (the same cluster id: only the missing PREFIX/fleet and the lower revision tell), or
+    restored from an older `etcdctl snapshot save` (`snapshot restore` into fresh data
+    directories, same names, ports and token); and one member killed, frozen or restarted."""
+
+    kind = "etcd"
+    PREFIX = "/snowflake"
+    HEARTBEAT_MS = 50
+    ELECTION_MS = 500
+
+    def __init__(self, root):
+        ports = free_ports(6)
+        self.client_ports, self.peer_ports = ports[:3], ports[3:]
+        self.dir = os.path.join(root, f"etcd{self.client_ports[0]}")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(os.path.join(self.dir, "copies"))
+        self.names = ["e0", "e1", "e2"]
+        self.token = f"snowflake-chaos-{self.client_ports[0]}"
+        self.procs = [None, None, None]
+        self.stopped = [False, False, False]
+        self.copies = []
+        self.http = EtcdHttp(self.client_ports)
+        self.leases = {}  # occupy_free's token -> lease
+
+    def uri(self):
+        return "'etcd://" + ",".join(f"127.0.0.1:{p}" for p in self.client_ports) + "'"
+
+    def data_dir(self, i):
+        return os.path.join(self.dir, "data", self.names[i])
+
+    def _spawn(self, i):
+        initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports))
+        client = f"http://127.0.0.1:{self.client_ports[i]}"
+        peer = f"http://127.0.0.1:{self.peer_ports[i]}"
+        state = "existing" if os.path.isdir(os.path.join(self.data_dir(i), "member")) else "new"
+        self.procs[i] = subprocess.Popen(
+            ["etcd", "--name", self.names[i], "--data-dir", self.data_dir(i),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", initial, "--initial-cluster-token", self.token,
+             "--initial-cluster-state", state,
+             "--heartbeat-interval", str(self.HEARTBEAT_MS),
+             "--election-timeout", str(self.ELECTION_MS),
+             "--log-level", "warn", "--logger", "zap",
+             "--log-outputs", os.path.join(self.dir, f"{self.names[i]}.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.stopped[i] = False
+
+    def member_running(self, i):
+        return self.procs[i] is not None and self.procs[i].poll() is None
+
+    def running(self):
+        return all(self.member_running(i) and not self.stopped[i] for i in range(3))
+
+    def ready(self):
+        """A linearizable read answers (a leader and a majority)."""
+        try:
+            self.http.call("/v3/kv/range", {"key": b64(self.PREFIX + "/fleet")}, tries=3)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def start(self, timeout=30):
+        """Every member running (started if down, continued if frozen) and a leader."""
+        for i in range(3):
+            if self.member_running(i):
+                if self.stopped[i]:
+                    send(self.procs[i].pid, signal.SIGCONT)
+                    self.stopped[i] = False
+            else:
+                self._spawn(i)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready():
+                return
+            time.sleep(0.05)
+        raise RuntimeError("etcd: no leader")
+
+    def _signal(self, i, sig):
+        p = self.procs[i]
+        if p is None:
+            return
+        if p.poll() is None:
+            send(p.pid, signal.SIGCONT)
+            send(p.pid, sig)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            send(p.pid, signal.SIGKILL)
+            p.wait()
+        self.procs[i] = None
+        self.stopped[i] = False
+
+    def kill(self):
+        for i in range(3):
+            self._signal(i, signal.SIGKILL)
+
+    def restart_kill(self, down):
+        self.kill()
+        time.sleep(down)
+        self.start()
+
+    def restart_clean(self, down):
+        for i in range(3):
+            self._signal(i, signal.SIGTERM)
+        time.sleep(down)
+        self.start()
+
+    def restart_empty(self, down, ddl=False):
+        self.kill()
+        shutil.rmtree(os.path.join(self.dir, "data"), ignore_errors=True)
+        time.sleep(down)
+        self.start()
+
+    def snapshot(self):
+        path = os.path.join(self.dir, "copies", f"copy{len(self.copies)}.db")
+        for port in self.client_ports:
+            r = subprocess.run(["etcdctl", "--endpoints", f"127.0.0.1:{port}",
+                                "--dial-timeout", "1s", "--command-timeout", "3s",
+                                "snapshot", "save", path],
+                               capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"},
+                               timeout=20)
+            if r.returncode == 0:
+                self.copies.append(path)
+                return path
+        return None
+
+    def restore(self, copy, down):
+        self.kill()
+        shutil.rmtree(os.path.join(self.dir, "data"), ignore_errors=True)
+        initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports))
+        for i in range(3):
+            subprocess.run(["etcdctl", "snapshot", "restore", copy, "--name", self.names[i],
+                            "--initial-cluster", initial, "--initial-cluster-token", self.token,
+                            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+                            "--data-dir", self.data_dir(i)],
+                           check=True, capture_output=True, env={**os.environ, "ETCDCTL_API": "3"})
+        time.sleep(down)
+        self.start()
+
+    # one member
+    def leader(self):
+        """Index of the member the answering members name as leader, or None."""
+        ids, leaders = {}, set()
+        for i, port in enumerate(self.client_ports):
+            if not self.member_running(i) or self.stopped[i]:
+                continue
+            try:
+                mid, lead = self.http.status(port)
+            except Exception:  # noqa: BLE001
+                continue
+            ids[mid] = i
+            leaders.add(lead)
+        found = [ids[x] for x in leaders if x in ids]
+        return found[0] if len(found) == 1 else None
+
+    def pick_member(self, which, pick):
+        """The leader, or one of the other members (pick: 0 or 1)."""
+        lead = self.leader()
+        if which == "leader" and lead is not None:
+            return lead
+        others = [i for i in range(3) if i != lead]
+        return others[pick % len(others)]
+
+    def member_kill(self, i, down):
+        self._signal(i, signal.SIGKILL)
+        time.sleep(down)
+        self._spawn(i)
+
+    def member_stop(self, i, seconds):
+        if not self.member_running(i):
+            return False
+        send(self.procs[i].pid, signal.SIGSTOP)
+        self.stopped[i] = True
+        try:
+            time.sleep(seconds)
+        finally:
+            send(self.procs[i].pid, signal.SIGCONT)
+            self.stopped[i] = False
+        return True
+
+    def member_restart(self, i):
+        self._signal(i, signal.SIGTERM)
+        time.sleep(0.2)
+        self._spawn(i)
+
+    # claims of other servers
+    def _claims(self, datacenter):
+        return f"{self.PREFIX}/claim/{datacenter}/"
+
+    def make_tables(self):
+        pass
+
+    def refresh_fakes(self, state, datacenter, fake_ids, ttl_ms):
+        """Fake live holders: key PREFIX/claim/DC/W = fake-W on one lease kept alive; the
+        keys put again (on a new lease if it is gone) after a wipe or a restore."""
+        try:
+            lease = state.get("lease")
+            if lease is not None and not self.http.keepalive(lease):
+                lease = None
+            if lease is None:
+                lease = state["lease"] = self.http.grant(math.ceil(ttl_ms / 1000))
+            prefix = self._claims(datacenter)
+            have = {kv["key"]: kv for kv in self.http.range_prefix(prefix)}
+            n = 0
+            for w in fake_ids:
+                key, token = f"{prefix}{w}", f"fake-{w}"
+                kv = have.get(key)
+                if kv is None:
+                    n += self.http.put_if_absent(key, token, lease)
+                elif kv["value"] == token and kv["lease"] != lease:
+                    n += self.http.put_if_mod(key, token, lease, kv["mod"])
+                elif kv["value"] == token:
+                    n += 1
+            return n
+        except Exception:  # noqa: BLE001  (down, no leader, restarting: next round; a lost
+            return None      # lease is found by the next keep-alive)
+
+    def occupy_free(self, datacenter, token, ttl_ms, exclude=-1):
+        try:
+            lease = self.http.grant(max(1, math.ceil(ttl_ms / 1000)))
+            self.leases.setdefault(token, []).append(lease)
+            prefix = self._claims(datacenter)
+            have = {kv["key"] for kv in self.http.range_prefix(prefix)}
+            got = []
+            for w in range(WORKERS_PER_DC):
+                key = f"{prefix}{w}"
+                if w != exclude and key not in have and self.http.put_if_absent(key, token, lease):
+                    got.append(w)
+            return got
+        except Exception:  # noqa: BLE001
+            return None
+
+    def free(self, datacenter, token):
+        try:
+            for lease in self.leases.pop(token, []):
+                self.http.revoke(lease)
+            for kv in self.http.range_prefix(self._claims(datacenter)):
+                if kv["value"] == token:
+                    self.http.delete_if_value(kv["key"], token)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def close(self):
+        self.kill()
+
+    def remove(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+SENTINEL_MASTER = "snowflake"
+
+
+class ChaosSentinel:
+    """A Redis master and a replica (redis-server 7, no automatic persistence: dumps by SAVE
+    only, for copies and restores) watched by three redis-sentinel processes (quorum 2,
+    down-after-milliseconds 800, failover-timeout 2000). Which server is the master changes
+    with every failover: each fault asks the sentinels first.
+
+    Registry faults (the generic kinds act on the current master): killed and started again
+    from its last dump (as a master, whatever the sentinels did meanwhile: a stale master
+    they demote), stopped cleanly and started, restarted empty, restarted from an older dump;
+    and the Sentinel kinds: master SIGKILLed until the sentinels fail over, then started again
+    empty as a replica of the new one; master SIGSTOPped (past the failover: a split brain
+    when it continues, a master no majority names), a sentinel killed, the replica killed,
+    and a manual SENTINEL FAILOVER."""
+
+    kind = "sentinel"
+    DOWN_AFTER_MS = 800
+    FAILOVER_TIMEOUT_MS = 2000
+
+    def __init__(self, root):
+        ports = free_ports(5)
+        self.server_ports, self.sentinel_ports = ports[:2], ports[2:]
+        self.dir = os.path.join(root, f"sentinel{ports[0]}")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(os.path.join(self.dir, "copies"))
+        self.procs = {}    # port -> Popen (servers and sentinels)
+        self.stopped = set()
+        self.copies = []
+        self.started = False
+
+    def uri(self):
+        return ("'redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+                + f"/{SENTINEL_MASTER}'")
+
+    def sdir(self, port):
+        d = os.path.join(self.dir, str(port))
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def dump(self, port):
+        return os.path.join(self.sdir(port), "dump.rdb")
+
+    def alive(self, port):
+        p = self.procs.get(port)
+        return p is not None and p.poll() is None
+
+    def call(self, port, *args, timeout=1.0):
+        c = RespClient(port, timeout=timeout)
+        try:
+            return c.call(*args)
+        finally:
+            c.close()
+
+    def try_call(self, port, *args, timeout=1.0):
+        try:
+            return self.call(port, *args, timeout=timeout)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _wait(self, cond, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.05)
+        if what:
+            raise RuntimeError(f"sentinel set: {what}")
+        return False
+
+    def _spawn_server(self, port, replica_of=None, empty=False):
+        if empty and os.path.exists(self.dump(port)):
+            os.remove(self.dump(port))
+        log = os.path.join(self.sdir(port), "redis.log")
+        cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--daemonize", "no", "--dir", self.sdir(port),
+               "--dbfilename", "dump.rdb", "--logfile", log,
+               "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+        if replica_of:
+            cmd += ["--replicaof", "127.0.0.1", str(replica_of)]
+        self.procs[port] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL)
+        self.stopped.discard(port)
+        self._wait(lambda: self.try_call(port, "PING") == "PONG", 20, f"redis {port} did not start")
+
+    def _spawn_sentinel(self, port, master_port):
+        d = self.sdir(port)
+        conf = os.path.join(d, "sentinel.conf")
+        if not os.path.exists(conf):  # later starts: the file the sentinel rewrote
+            with open(conf, "w") as f:
+                f.write("\n".join([
+                    "bind 127.0.0.1", f"port {port}", "daemonize no", f"dir {d}",
+                    f"logfile {os.path.join(d, 'sentinel.log')}",
+                    f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2",
+                    f"sentinel down-after-milliseconds {SENTINEL_MASTER} {self.DOWN_AFTER_MS}",
+                    f"sentinel failover-timeout {SENTINEL_MASTER} {self.FAILOVER_TIMEOUT_MS}",
+                    f"sentinel parallel-syncs {SENTINEL_MASTER} 1", ""]))
+        self.procs[port] = subprocess.Popen(["redis-sentinel", conf], stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL)
+        self.stopped.discard(port)
+        self._wait(lambda: self.try_call(port, "PING") == "PONG", 20,
+                   f"sentinel {port} did not start")
+
+    def named(self, port):
+        r = self.try_call(port, "SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER,
+                          timeout=0.5)
+        return int(r[1]) if isinstance(r, list) and len(r) == 2 else None
+
+    def master(self):
+        """The master a majority of the sentinels name, or None."""
+        votes = Counter(self.named(p) for p in self.sentinel_ports
+                        if self.alive(p) and p not in self.stopped)
+        votes.pop(None, None)
+        for port, n in votes.items():
+            if n >= 2:
+                return port
+        return None
+
+    def role(self, port):
+        r = self.try_call(port, "ROLE", timeout=0.5)
+        return r[0] if isinstance(r, list) and r else None
+
+    def healthy(self):
+        m = self.master()
+        return m is not None and self.alive(m) and m not in self.stopped \
+            and self.role(m) == "master"
+
+    def other(self, port):
+        return next(p for p in self.server_ports if p != port)
+
+    def start(self, timeout=40):
+        """First: master, replica in sync, sentinels knowing both and each other. Later
+        (healing): every process continued or started again, until a majority names a
+        master that says it is one."""
+        if not self.started:
+            a, b = self.server_ports
+            self._spawn_server(a)
+            self._spawn_server(b, replica_of=a)
+            self._wait(lambda: "master_link_status:up" in (self.try_call(b, "INFO", "replication")
+                                                           or ""), 20, "replica not in sync")
+            for s in self.sentinel_ports:
+                self._spawn_sentinel(s, a)
+
+            def known():
+                for s in self.sentinel_ports:
+                    r = self.try_call(s, "SENTINEL", "MASTER", SENTINEL_MASTER)
+                    m = dict(zip(r[0::2], r[1::2])) if isinstance(r, list) else {}
+                    if int(m.get("num-other-sentinels", 0)) < 2 or int(m.get("num-slaves", 0)) < 1:
+                        return False
+                return True
+            self._wait(known, timeout, "the sentinels do not know each other")
+            self.started = True
+            return
+        for port in list(self.stopped):
+            if self.alive(port):
+                send(self.procs[port].pid, signal.SIGCONT)
+            self.stopped.discard(port)
+        for s in self.sentinel_ports:
+            if not self.alive(s):
+                self._spawn_sentinel(s, self.server_ports[0])
+        for port in self.server_ports:
+            if not self.alive(port):
+                m = self.master()
+                self._spawn_server(port, replica_of=m if m and m != port else None,
+                                   empty=bool(m and m != port))
+        if not self._wait(self.healthy, timeout, None):
+            raise RuntimeError(f"sentinel set: no master after healing "
+                               f"(sentinels name {[self.named(p) for p in self.sentinel_ports]}, "
+                               f"roles {[self.role(p) for p in self.server_ports]})")
+
+    def running(self):
+        return all(self.alive(p) for p in self.server_ports + self.sentinel_ports) \
+            and not self.stopped
+
+    def _kill(self, port, sig=signal.SIGKILL):
+        p = self.procs.get(port)
+        if p is None:
+            return
+        if p.poll() is None:
+            send(p.pid, signal.SIGCONT)
+            send(p.pid, sig)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            send(p.pid, signal.SIGKILL)
+            p.wait()
+        self.procs[port] = None
+        self.stopped.discard(port)
+
+    def current_master(self):
+        """The sentinels' master, or (no majority) a server that says it is one."""
+        m = self.master()
+        if m is None:
+            m = next((p for p in self.server_ports if self.role(p) == "master"), None)
+        return m
+
+    def kill(self):
+        m = self.current_master()
+        if m:
+            self._kill(m)
+
+    # the generic registry faults, on the master
+    def restart_kill(self, down):
+        m = self.current_master()
+        if m is None:
+            return "skipped: no master"
+        self._kill(m)
+        time.sleep(down)
+        self._spawn_server(m)  # from its last dump, as a master
+
+    def restart_clean(self, down):
+        m = self.current_master()
+        if m is None:
+            return "skipped: no master"
+        self.try_call(m, "SAVE", timeout=5)
+        self._kill(m, signal.SIGTERM)
+        time.sleep(down)
+        self._spawn_server(m)
+
+    def restart_empty(self, down, ddl=False):
+        m = self.current_master()
+        if m is None:
+            return "skipped: no master"
+        self._kill(m)
+        time.sleep(down)
+        self._spawn_server(m, empty=True)
+
+    def save(self, port):
+        return self.try_call(port, "SAVE", timeout=5) == "OK"
+
+    def snapshot(self):
+        m = self.current_master()
+        if m is None or not self.save(m):
+            return None
+        path = os.path.join(self.dir, "copies", f"copy{len(self.copies)}.rdb")
+        shutil.copyfile(self.dump(m), path)
+        self.copies.append(path)
+        return path
+
+    def restore(self, copy, down):
+        m = self.current_master()
+        if m is None:
+            return "skipped: no master"
+        self._kill(m)
+        shutil.copyfile(copy, self.dump(m))
+        time.sleep(down)
+        self._spawn_server(m)
+
+    # the Sentinel faults
+    def master_kill(self, down, timeout=20):
+        """SIGKILL of the master; once the sentinels name the other server (or after
+        `timeout`) and `down` seconds more, the old master starts again empty as a replica
+        of the new one (or, no failover, from its dump as the master)."""
+        m = self.current_master()
+        if m is None:
+            return "skipped: no master"
+        self._kill(m)
+        failed_over = self._wait(lambda: self.master() not in (None, m), timeout, None)
+        time.sleep(down)
+        new = self.master()
+        if failed_over and new not in (None, m):
+            self._spawn_server(m, replica_of=new, empty=True)
+            return None
+        self._spawn_server(m)
+        return "failed: no failover within 20 s; the old master started again"
+
+    def master_stop(self, seconds):
+        m = self.current_master()
+        if m is None or not self.alive(m):
+            return "skipped: no master"
+        send(self.procs[m].pid, signal.SIGSTOP)
+        self.stopped.add(m)
+        try:
+            time.sleep(seconds)
+        finally:
+            send(self.procs[m].pid, signal.SIGCONT)
+            self.stopped.discard(m)
+        return m
+
+    def sentinel_kill(self, k, down):
+        port = self.sentinel_ports[k % 3]
+        self._kill(port)
+        time.sleep(down)
+        self._spawn_sentinel(port, self.server_ports[0])
+
+    def replica_kill(self, down):
+        m = self.current_master()
+        if m is None:
+            return "skipped: no master"
+        r = self.other(m)
+        self._kill(r)
+        time.sleep(down)
+        m = self.current_master() or m
+        self._spawn_server(r, replica_of=m if m != r else None, empty=m != r)
+
+    def failover(self):
+        for s in self.sentinel_ports:
+            r = self.try_call(s, "SENTINEL", "FAILOVER", SENTINEL_MASTER, timeout=2)
+            if r == "OK":
+                return None
+        return "skipped: no sentinel started a failover"
+
+    # claims of other servers, on the master the sentinels name
+    def _client(self, state):
+        """A connection to the master the first answering sentinel names."""
+        for s in self.sentinel_ports:
+            if not self.alive(s) or s in self.stopped:
+                continue
+            port = self.named(s)
+            if port is None:
+                continue
+            client = state.get("client")
+            if client is not None and state.get("port") == port:
+                return client
+            if client is not None:
+                client.close()
+            state["client"], state["port"] = RespClient(port), port
+            return state["client"]
+        raise ConnectionError("no sentinel names a master")
+
+    def refresh_fakes(self, state, datacenter, fake_ids, ttl_ms):
+        try:
+            client = self._client(state)
+            keys = [f"snowflake:claim:{datacenter}:{w}" for w in fake_ids]
+            tokens = [f"fake-{w}" for w in fake_ids]
+            return client.call("EVAL", FAKE_REDIS_LUA, len(keys), *keys, ttl_ms, *tokens)
+        except Exception:  # noqa: BLE001
+            c = state.pop("client", None)
+            if c is not None:
+                c.close()
+            return None
+
+    def _eval(self, script, datacenter, *args):
+        keys = [f"snowflake:claim:{datacenter}:{w}" for w in range(WORKERS_PER_DC)]
+        state = {}
+        try:
+            return self._client(state).call("EVAL", script, len(keys), *keys, *args)
+        except Exception:  # noqa: BLE001
+            return None
+        finally:
+            if state.get("client") is not None:
+                state["client"].close()
+
+    def occupy_free(self, datacenter, token, ttl_ms, exclude=-1):
+        return self._eval(OCCUPY_REDIS_LUA, datacenter, token, ttl_ms, exclude)
+
+    def free(self, datacenter, token):
+        self._eval(FREE_REDIS_LUA, datacenter, token)
+
+    def make_tables(self):
+        pass
+
+    def close(self):
+        for port in self.sentinel_ports + self.server_ports:
+            self._kill(port)
+
+    def remove(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------
 # Nodes and writers
 
 class Node:
@@ -944,6 +1727,7 @@ class Schedule:
         self.t0 = time.monotonic()
         self.t0_ns = time.monotonic_ns()
         self.registry_lock = threading.Lock()
+        self.sentinel_lock = threading.Lock()
         self.heal_at = None
         self.fault_start = None
         self.cold_copies = {}
@@ -1004,7 +1788,8 @@ class Schedule:
         p = self.plan
         base = harness.BASE
         os.makedirs(base, exist_ok=True)
-        self.registry = ChaosRedis(base) if p.registry == "redis" else ChaosCoordinator(base)
+        self.registry = {"redis": ChaosRedis, "pg": ChaosCoordinator, "etcd": ChaosEtcd,
+                         "sentinel": ChaosSentinel}[p.registry](base)
         self.registry.start()
         self.registry.make_tables()
         self.fake_state = {}
@@ -1092,7 +1877,8 @@ class Schedule:
                 traceback.print_exc()
         self.timeline.append({"start_s": round(started, 2),
                               "end_s": round(time.monotonic() - self.t0, 2),
-                              "event": str(ev), "result": result or "done"})
+                              "event": str(ev), "kind": ev.kind, "target": ev.target,
+                              "result": result or "done"})
         if result is None or result == "done":
             self.outcomes[ev.kind]["done"] += 1
             self.say(f"done    {ev}")
@@ -1523,7 +2309,11 @@ class Schedule:
 
     # registry faults
     def _with_registry(self, fn):
-        if not self.registry_lock.acquire(blocking=False):
+        # etcd and Sentinel have faults of one member that last seconds: a registry fault
+        # waits a while for them rather than be skipped.
+        wait = 8.0 if self.plan.registry in ("etcd", "sentinel") else 0
+        if not self.registry_lock.acquire(timeout=wait) if wait else \
+                not self.registry_lock.acquire(blocking=False):
             return "skipped: registry busy"
         try:
             return fn()
@@ -1566,6 +2356,67 @@ class Schedule:
             self.say(f"  registry: restoring copy {k} of {len(copies)}")
             self.registry.restore(copies[k], 0.2)
         return self._with_registry(restore)
+
+    # etcd: one member
+    def _etcd_member(self, ev, fault):
+        def act():
+            reg = self.registry
+            i = reg.pick_member(ev.params["which"], ev.params["pick"])
+            if not reg.member_running(i):
+                return "skipped: member down"
+            lead = reg.leader()
+            self.say(f"  etcd: member {reg.names[i]} "
+                     f"({'the leader' if i == lead else 'not the leader'}): {ev.kind}")
+            return fault(reg, i)
+        return self._with_registry(act)
+
+    def do_etcd_member_kill(self, ev):
+        return self._etcd_member(ev, lambda reg, i: reg.member_kill(i, ev.params["down"]))
+
+    def do_etcd_member_stop(self, ev):
+        return self._etcd_member(
+            ev, lambda reg, i: None if reg.member_stop(i, ev.params["for"]) else "skipped: down")
+
+    def do_etcd_member_restart(self, ev):
+        return self._etcd_member(ev, lambda reg, i: reg.member_restart(i))
+
+    # Sentinel
+    def do_sentinel_master_kill(self, ev):
+        return self._with_registry(lambda: self.registry.master_kill(ev.params["down"]))
+
+    def do_sentinel_master_stop(self, ev):
+        def stop():
+            r = self.registry.master_stop(ev.params["for"])
+            if isinstance(r, str):
+                return r
+            self.say(f"  sentinel: master {r} was frozen {ev.params['for']} s; now "
+                     f"the sentinels name {self.registry.master()}")
+        return self._with_registry(stop)
+
+    def do_sentinel_kill(self, ev):
+        # Not under the registry lock: a sentinel down may overlap a master's loss (quorum 2
+        # of the 3; the nodes need 2 of 3 to name the master).
+        if not self.sentinel_lock.acquire(blocking=False):
+            return "skipped: a sentinel is down already"
+        try:
+            self.say(f"  sentinel: sentinel {ev.params['which']} SIGKILLed for "
+                     f"{ev.params['down']} s")
+            self.registry.sentinel_kill(ev.params["which"], ev.params["down"])
+        finally:
+            self.sentinel_lock.release()
+
+    def do_sentinel_replica_kill(self, ev):
+        return self._with_registry(lambda: self.registry.replica_kill(ev.params["down"]))
+
+    def do_sentinel_failover(self, ev):
+        def failover():
+            before = self.registry.master()
+            r = self.registry.failover()
+            if r:
+                return r
+            self.registry._wait(lambda: self.registry.master() not in (None, before), 15, None)
+            self.say(f"  sentinel: failover from {before} to {self.registry.master()}")
+        return self._with_registry(failover)
 
     def do_registry_empty_then_clock(self, ev):
         r = self._with_registry(
@@ -1684,6 +2535,8 @@ class Schedule:
                 shutil.rmtree(self.registry.copies_dir, ignore_errors=True)
             elif isinstance(self.registry, ChaosRedis):
                 shutil.rmtree(self.registry.dir, ignore_errors=True)
+            elif hasattr(self.registry, "remove"):
+                self.registry.remove()
 
     def run(self):
         started = time.monotonic()
@@ -1896,9 +2749,53 @@ def check(s):
     result["timeline"] = sorted(s.timeline, key=lambda e: e["start_s"])
     result["faults_injected"] = sum(v["done"] for k, v in s.outcomes.items()
                                     if k not in NOT_FAULTS)
+    result["member_fault_gaps"] = member_fault_gaps(s)
     result["notes"] = s.notes
     result["ok"] = dup_count == 0 and order_violations == 0 and overlap == 0
     return result
+
+
+# Faults after which no node should stop issuing for long: one etcd member of three lost,
+# one sentinel of three lost.
+MEMBER_FAULTS = {"etcd_member_kill", "etcd_member_stop", "etcd_member_restart", "sentinel_kill"}
+
+
+def member_fault_gaps(s):
+    """(informational) For each played member fault: the longest time, over the nodes with
+    no fault of their own meanwhile, between two acknowledged IDs of the node within the
+    fault and 2 s after it. Nodes waiting for an id (none issued in the window) are left out."""
+    node_busy = defaultdict(list)
+    registry_busy = []
+    for e in s.timeline:
+        if e.get("target") in s.nodes:
+            node_busy[e["target"]].append((e["start_s"], e["end_s"]))
+        elif e.get("kind") not in NOT_FAULTS and e["result"] == "done":
+            registry_busy.append((e["start_s"], e["end_s"], e))
+        if e.get("kind") == "registry_empty_then_clock":
+            registry_busy.append((e["start_s"], e["end_s"], e))
+    out = []
+    for e in s.timeline:
+        if e.get("kind") not in MEMBER_FAULTS or e["result"] != "done":
+            continue
+        lo, hi = e["start_s"], e["end_s"] + 2.0
+        if any(x is not e and a <= hi and b >= lo - 3.0 for a, b, x in registry_busy):
+            continue  # another registry fault meanwhile (or just before): not one member
+        worst = None
+        for name, n in s.nodes.items():
+            if n.is_clone or any(a <= hi and b >= lo - 1.0 for a, b in node_busy[name]):
+                continue
+            lo_ns, hi_ns = s.t0_ns + int(lo * 1e9), s.t0_ns + int(hi * 1e9)
+            acks = sorted(a for w in n.writers for a in w.r_ack if lo_ns <= a <= hi_ns)
+            if not acks:
+                continue
+            pts = [lo_ns] + acks + [hi_ns]
+            gap = max(b - a for a, b in zip(pts, pts[1:])) / 1e9
+            if worst is None or gap > worst[0]:
+                worst = (round(gap, 2), name)
+        if worst is not None:
+            out.append({"kind": e["kind"], "start_s": lo, "longest_gap_s": worst[0],
+                        "node": worst[1]})
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -1924,6 +2821,12 @@ def human(result):
                      f"{r['seconds']} s (longest {r['longest']} s), errors {result['errors'][name]}")
     if result.get("error_messages"):
         lines.append("  errors: " + "; ".join(f"{k} x{v}" for k, v in result["error_messages"].items()))
+    gaps = result.get("member_fault_gaps")
+    if gaps:
+        g = sorted(x["longest_gap_s"] for x in gaps)
+        lines.append(f"  (info) one registry member lost ({len(g)} faults): longest pause in "
+                     f"issuing of an otherwise untouched node: median {g[len(g) // 2]} s, "
+                     f"max {g[-1]} s")
     if result["node_order_regressions"]:
         lines.append(f"  (info) same-node real-time order regressions: {result['node_order_regressions']}")
     for ex in result["duplicate_examples"][:5]:
@@ -1963,7 +2866,12 @@ def schedule_seconds(minutes, schedules):
 
 
 def registry_of(registry, index):
-    return ["redis", "pg"][index % 2] if registry == "both" else registry
+    """both: Redis and the coordinator alternate; all: Redis, coordinator, etcd, Sentinel."""
+    if registry == "both":
+        return ["redis", "pg"][index % 2]
+    if registry == "all":
+        return list(REGISTRIES)[index % len(REGISTRIES)]
+    return registry
 
 
 def plans(seed, minutes, registry, nodes=3, schedules=None, ttl=TTL, free=None, kinds=None):
@@ -1971,6 +2879,8 @@ def plans(seed, minutes, registry, nodes=3, schedules=None, ttl=TTL, free=None, 
         schedules = max(1, round(minutes / 5.0))
         if registry == "both":
             schedules = max(2, schedules)
+        elif registry == "all":
+            schedules = max(len(REGISTRIES), schedules)
     seconds = schedule_seconds(minutes, schedules)
     return [Plan(seed, i, registry_of(registry, i), nodes, seconds, ttl, free,
                  only_kinds=kinds) for i in range(schedules)]
@@ -1984,7 +2894,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--registry", choices=["redis", "pg", "both"], default="both")
+    ap.add_argument("--registry", choices=list(REGISTRIES) + ["both", "all"], default="both",
+                    help="both: redis and pg alternating; all: redis, pg, etcd, sentinel")
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--schedules", type=int, default=None)
     ap.add_argument("--only", type=int, action="append",
@@ -2011,7 +2922,8 @@ def main(argv=None):
           + (f" --ttl {args.ttl}" if args.ttl != TTL else "")
           + (f" --kinds {args.kinds}" if args.kinds else "") + ")", flush=True)
     kinds = set(args.kinds.split(",")) if args.kinds else None
-    unknown = (kinds or set()) - set(NODE_KINDS) - set(REGISTRY_KINDS) - set(PG_ONLY_KINDS)
+    unknown = (kinds or set()) - set(NODE_KINDS) - set(REGISTRY_KINDS) - set(PG_ONLY_KINDS) \
+        - set(ETCD_KINDS) - set(SENTINEL_KINDS)
     if unknown:
         ap.error(f"unknown fault kinds {sorted(unknown)}")
     ps = plans(seed, args.minutes, args.registry, args.nodes, args.schedules,

@@ -1,5 +1,5 @@
 """A short randomized fault campaign (chaos.py) for snowflake.worker_id = 'auto': fixed seeds,
-both registries, about 50 s each (3 nodes, claim_ttl 2 s, all but 3-4 worker ids of the
+every registry (Redis, the PostgreSQL coordinator, etcd, Redis Sentinel), about 50 s each (3 nodes, claim_ttl 2 s, all but 3-4 worker ids of the
 datacenter held by fake live servers). The checker must find no ID issued twice, no session
 whose IDs do not increase, and no ID issued by one node under a (datacenter, worker) after a
 higher one another node had issued under it. Long campaigns: scripts/chaos.sh.
@@ -53,6 +53,17 @@ class ShortChaosCampaign(unittest.TestCase):
 
     def test_coordinator_lost_claims_seed_5(self):
         self.campaign(5, "pg", kinds=["claim_then_registry_crash", "handover"])
+
+    # Three etcd members: a member (the leader or another) killed, frozen and restarted; the
+    # cluster wiped and restarted empty, and restored from an older snapshot; handovers.
+    def test_etcd_seed_78(self):
+        self.campaign(78, "etcd")
+
+    # A Redis master and replica under three sentinels: the master killed (failover, the old
+    # one back as a replica), frozen past the failover (a stale master when it continues), a
+    # manual failover, the replica killed, the master restarted empty and from an old dump.
+    def test_sentinel_seed_82(self):
+        self.campaign(82, "sentinel")
 
 
 if __name__ == "__main__":
