@@ -273,15 +273,26 @@ impl EtcdRegistry {
         RegistryError(format!("etcd member {}: {e}", self.endpoint()))
     }
 
-    /// Reads the registry's clock: the member's HTTP `Date` header.
+    /// Reads the registry's clock: the member's HTTP `Date` header. A member that refuses
+    /// or fails is left for the next at once (its gRPC connection with it), as long as the
+    /// step has time left: the first request of a step finds a dead member, not a renewal.
     fn clock(&mut self) -> Result<Clock> {
-        let sent = wall_ms();
-        let result = self.read_date();
-        if result.is_err() {
-            self.client = None;
-            self.current = (self.current + 1) % self.endpoints.len();
-        }
-        let date_unix_ms = result?;
+        let began = std::time::Instant::now();
+        let mut attempts = 0;
+        let (sent, date_unix_ms) = loop {
+            let sent = wall_ms();
+            match self.read_date() {
+                Ok(date) => break (sent, date),
+                Err(e) => {
+                    self.client = None;
+                    self.current = (self.current + 1) % self.endpoints.len();
+                    attempts += 1;
+                    if attempts >= self.endpoints.len() || began.elapsed() >= self.timeout / 2 {
+                        return Err(e);
+                    }
+                }
+            }
+        };
         let received = wall_ms();
         Ok(Clock {
             sample: ClockSample {

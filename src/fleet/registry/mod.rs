@@ -38,9 +38,21 @@ use snowflake_core::secrets::{redacted, without_secrets};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistryError(pub String);
 
-impl<E: std::fmt::Display> From<E> for RegistryError {
+impl<E: std::error::Error> From<E> for RegistryError {
+    /// The error with its chain of causes: some client libraries (the `postgres` crate)
+    /// keep the cause, such as `certificate verify failed` or `Connection refused`, out of
+    /// their own text.
     fn from(e: E) -> Self {
-        RegistryError(e.to_string())
+        let mut text = e.to_string();
+        let mut source = e.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !cause_text.is_empty() && !text.contains(&cause_text) {
+                text = format!("{text}: {cause_text}");
+            }
+            source = cause.source();
+        }
+        RegistryError(text)
     }
 }
 
@@ -342,6 +354,27 @@ fn wall_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_keep_their_causes() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error performing TLS handshake")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e: RegistryError = Outer(std::io::Error::other("certificate verify failed")).into();
+        assert_eq!(
+            e.0,
+            "error performing TLS handshake: certificate verify failed"
+        );
+    }
 
     #[test]
     fn kinds() {
