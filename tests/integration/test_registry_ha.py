@@ -1,0 +1,1102 @@
+"""snowflake.worker_id = 'auto' against registries without a single point of failure, on real
+servers (registries.py): a three-member etcd cluster, Redis behind three Sentinels, and a
+PostgreSQL coordinator with a streaming standby reached through libpq's multi-host URI; then
+TLS (the right CA, an unrelated CA) and snowflake.registry_password_file for each kind.
+
+Every fault scenario runs two nodes of one datacenter with a writer thread each, which keeps
+every ID it was given and every error (time, SQLSTATE, text). Every scenario asserts that no
+ID repeats across all nodes; the etcd faults a majority survives must not cost one error; the
+others (a Sentinel failover, a coordinator failover, an etcd cluster restarted empty) must end
+with the nodes issuing again by themselves within a bound derived from the claim timing, and
+the registry must settle (a node that starts after the fault waits before it gets a free id).
+
+A registry kind the installed extension does not know is skipped: a probe server is started
+with such a URI and its claim error read (see `supported`).
+
+Timing (core/src/claim.rs): a holder renews every ttl/5 (also each request's time limit),
+retries a failed renewal ttl/10 later, and stops issuing ttl/2 after the start of its last
+successful renewal. A registry that lost its data grants no free id for one ttl.
+
+The registry clients do not depend on the PostgreSQL major, and these servers mostly wait, so
+the suite runs on one major per test command (SNOWFLAKE_REGISTRY_HA_MAJOR, 16 by default: the
+chaos campaign takes 15 and the Patroni suite 17, and the four majors' suites run at once).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import psycopg
+
+from harness import BASE, PG_MAJOR, Cluster, wait_until
+from registries import (CoordinatorPair, EtcdCluster, PasswordRedis, SentinelSet, free_ports,
+                        make_test_ca, write_password_file)
+
+DC = 1
+
+# etcd: a leader's loss costs an election, which the holders must ride out inside their
+# fence. After a renewal that started at s, the next attempt comes at about s + ttl/5 and,
+# failing, again every ttl/10; the fence ends at s + ttl/2. If the leader dies just before an
+# attempt, the election must end within about ttl/5 for a later attempt to succeed in time.
+# Members run with --election-timeout 500 ms (a new leader 0.5-1 s after the last heartbeat;
+# the default 1 s would mean up to 2 s), so ttl = 10 s leaves 2 s for it: twice the worst
+# election. A frozen member holds a request until its time limit (ttl/5) before the client
+# moves to the next member: the same 2 s.
+ETCD_TTL = 10.0
+ETCD_ELECTION_MS = 500
+# Sentinel and the coordinator: a failover costs errors anyway (a Sentinel failover takes
+# down-after 1 s plus an election, about 2-3 s, longer than any fence here); what matters is
+# that the nodes come back by themselves, so a short ttl keeps the test quick.
+SENTINEL_TTL = 4.0
+COORD_TTL = 4.0
+# Slack for a loaded 2-core machine on top of every computed bound.
+MARGIN = 3.0
+
+
+def log(msg):
+    print(f"    [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# nodes
+
+def node_settings(uri, ttl, **extra):
+    settings = {
+        "shared_preload_libraries": "'snowflake'",
+        "snowflake.worker_id": "auto",
+        "snowflake.datacenter_id": str(DC),
+        "snowflake.registry": f"'{uri}'",
+        "snowflake.claim_ttl": f"'{int(ttl * 1000)}ms'",
+        "snowflake.clock_behind_action": "wait",
+        "wal_level": "replica",
+    }
+    for k, v in extra.items():
+        settings[k.replace("__", ".")] = f"'{v}'"
+    return settings
+
+
+_new_cluster_lock = threading.Lock()
+
+
+def new_cluster(owner, name, settings):
+    """A Cluster (harness numbers them: one at a time), destroyed by owner's cleanup."""
+    with _new_cluster_lock:
+        c = Cluster(f"{name}{free_ports(1)[0]}", settings)
+    owner.addCleanup(c.destroy)
+    return c
+
+
+def start_nodes(owner, specs):
+    """Creates and starts one node per (name, settings) at once (threads); `owner` (a test
+    or a Bundle) destroys them. Returns the clusters in order."""
+    nodes = [new_cluster(owner, name, settings) for name, settings in specs]
+    errors = []
+
+    def up(c):
+        try:
+            c.init()
+            c.start()
+            c.sql("CREATE EXTENSION snowflake")
+        except Exception as e:  # noqa: BLE001
+            errors.append((c.name, e))
+    threads = [threading.Thread(target=up, args=(c,)) for c in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise AssertionError(f"nodes did not start: {errors}")
+    return nodes
+
+
+def init_node(owner, name, settings):
+    """A node initialized but not started (to start it right after a fault)."""
+    c = new_cluster(owner, name, settings)
+    c.init()
+    return c
+
+
+def up(c):
+    c.start()
+    c.sql("CREATE EXTENSION snowflake")
+
+
+def claim_state(c):
+    return c.sql("SELECT claim_status, worker_id FROM snowflake_stats()")[0]
+
+
+def claim_error(c):
+    """The error snowflake_next() gives now (None if it issues)."""
+    with c.connect() as conn:
+        try:
+            conn.execute("SELECT snowflake_next()")
+            return None
+        except psycopg.Error as e:
+            return e
+
+
+def log_tail(c, n=25):
+    lines = [line for line in c.log().splitlines() if "snowflake" in line or "ERROR" in line
+             or "WARNING" in line]
+    return "\n".join(lines[-n:])
+
+
+def wait_claimed(c, timeout=30, seen=None):
+    """The worker id, once claim_status is 'held'; `seen` collects the statuses passed."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = claim_state(c)
+        if seen is not None:
+            seen.add(last[0])
+        if last[0] == "held":
+            return last[1]
+        time.sleep(0.05)
+    e = claim_error(c)
+    raise AssertionError(f"{c.name}: no claim in {timeout} s, last {last}; snowflake_next(): "
+                         f"{e and (e.diag.message_primary, e.diag.message_detail)}\n{log_tail(c)}")
+
+
+class StatusWatcher(threading.Thread):
+    """Samples a node's claim_status every 20 ms from its start (a newcomer's "settling"
+    lasts one ttl at most: it must be seen while the test waits for other things)."""
+
+    def __init__(self, cluster):
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.seen = set()
+        self.held_at = None
+        self.worker_id = None
+        self.stop_event = threading.Event()
+        self.start()
+
+    def run(self):
+        conn = None
+        while not self.stop_event.is_set():
+            try:
+                if conn is None:
+                    conn = self.cluster.connect(retries=1)
+                status, worker = conn.execute(
+                    "SELECT claim_status, worker_id FROM snowflake_stats()").fetchone()
+                self.seen.add(status)
+                if status == "held" and self.held_at is None:
+                    self.held_at, self.worker_id = time.monotonic(), worker
+            except Exception:  # noqa: BLE001
+                conn = None
+            time.sleep(0.02)
+        if conn is not None:
+            conn.close()
+
+    def wait_held(self, timeout):
+        wait_until(lambda: self.held_at is not None, timeout=timeout,
+                   what=f"{self.cluster.name} to claim (statuses {sorted(self.seen)})")
+        self.stop_event.set()
+        return self.worker_id
+
+
+def wait_claim_error(c, accept, timeout=20):
+    """Waits until snowflake_next() fails with an error whose text satisfies `accept`;
+    returns it (fails with the last error seen)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        e = claim_error(c)
+        if e is not None:
+            last = e
+            if accept(error_text(e)):
+                return e
+        time.sleep(0.1)
+    raise AssertionError(f"{c.name}: no matching claim error in {timeout} s; last: "
+                         f"{last and error_text(last)}; status {claim_state(c)}\n{log_tail(c)}")
+
+
+def error_text(e):
+    return " | ".join(x or "" for x in (e.diag.message_primary, e.diag.message_detail,
+                                        e.diag.message_hint))
+
+
+def registry_worker_pid(c):
+    with open(os.path.join(c.data, "postmaster.pid")) as f:
+        postmaster = f.readline().strip()
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", postmaster],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if "snowflake registry" in line:
+            return int(line.split()[0])
+    return None
+
+
+def connected_ports(pids):
+    """{remote port: count} of the established TCP connections of `pids`."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
+                         text=True).stdout
+    counts = {}
+    for line in out.splitlines():
+        if any(f"pid={p}," in line for p in pids):
+            peer = line.split()[-2] if "users:" in line.split()[-1] else line.split()[-1]
+            try:
+                port = int(peer.rsplit(":", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            counts[port] = counts.get(port, 0) + 1
+    return counts
+
+
+# --------------------------------------------------------------------------------------
+# writers
+
+class Writer(threading.Thread):
+    """Takes IDs from one node in a loop (batches of 50, a short pause between), keeping
+    every acknowledged ID with the time of its batch, and every error with its time,
+    SQLSTATE and text. A lost connection is an error too (sqlstate None), then reconnects."""
+
+    def __init__(self, cluster, batch=50, pause=0.005):
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.batch = batch
+        self.pause = pause
+        self.got = []
+        self.ok_times = []
+        self.errors = []  # (monotonic time, sqlstate, text)
+        self.stop_event = threading.Event()
+
+    def run(self):
+        conn = None
+        while not self.stop_event.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = self.cluster.connect(retries=1)
+                values = conn.execute("SELECT snowflake_next_batch(%s)", (self.batch,)).fetchone()[0]
+                self.got.extend(values)
+                self.ok_times.append(time.monotonic())
+                time.sleep(self.pause)
+            except psycopg.Error as e:
+                self.errors.append((time.monotonic(), e.sqlstate, error_text(e)))
+                time.sleep(0.02)
+            except Exception as e:  # noqa: BLE001
+                self.errors.append((time.monotonic(), None, repr(e)))
+                conn = None
+                time.sleep(0.05)
+        if conn is not None:
+            conn.close()
+
+    def running(self, n=500, timeout=30):
+        wait_until(lambda: len(self.got) >= n, timeout=timeout,
+                   what=f"{n} IDs from {self.cluster.name}")
+
+    def finish(self):
+        self.stop_event.set()
+        self.join(timeout=30)
+
+    def errors_since(self, t):
+        return [e for e in self.errors if e[0] >= t]
+
+    def resumed(self, since):
+        """Whether the last event after `since` is a success that follows every error."""
+        last_error = max([e[0] for e in self.errors], default=0.0)
+        return bool(self.ok_times) and self.ok_times[-1] > max(since, last_error)
+
+    def resume_time(self, since):
+        """Seconds from `since` to the first success after the last error (0 if none failed
+        after `since`)."""
+        errs = self.errors_since(since)
+        if not errs:
+            return 0.0
+        last = errs[-1][0]
+        after = [t for t in self.ok_times if t > last]
+        return (after[0] - since) if after else None
+
+    def max_gap(self, since, until):
+        """The longest time without a success between since and until."""
+        times = [since] + [t for t in self.ok_times if since < t < until] + [until]
+        return max(b - a for a, b in zip(times, times[1:]))
+
+    def summary(self, since=0.0):
+        errs = self.errors_since(since)
+        states = {}
+        for _, state, text in errs:
+            states.setdefault(state, text)
+        return (f"{self.cluster.name}: {len(self.got)} IDs, {len(errs)} errors"
+                + (f" from +{errs[0][0] - since:.2f} s to +{errs[-1][0] - since:.2f} s: "
+                   f"{states}" if errs else ""))
+
+
+def duplicates(*lists):
+    seen, dup = set(), []
+    for values in lists:
+        for v in values:
+            if v in seen:
+                dup.append(v)
+            else:
+                seen.add(v)
+    return dup
+
+
+def decode(v):
+    """(timestamp ms since epoch, datacenter, worker, sequence) of an ID (41/5/5/12 bits)."""
+    return v >> 22, (v >> 17) & 0x1F, (v >> 12) & 0x1F, v & 0xFFF
+
+
+# --------------------------------------------------------------------------------------
+# which registry kinds and settings the installed extension knows
+
+_probe = {"cluster": None, "cache": {}}
+UNSUPPORTED_MARKERS = ("unsupported registry uri", 'invalid value for parameter "snowflake.registry"')
+
+
+def _probe_cluster():
+    if _probe["cluster"] is None:
+        c = Cluster(f"probe{free_ports(1)[0]}", node_settings("redis://127.0.0.1:1/0", 2.0))
+        c.init()
+        _probe["cluster"] = c
+    return _probe["cluster"]
+
+
+def has_setting(name):
+    key = ("setting", name)
+    if key not in _probe["cache"]:
+        c = _probe_cluster()
+        if not c.running():
+            up(c)
+        _probe["cache"][key] = bool(c.one("SELECT count(*) FROM pg_settings WHERE name = %s", (name,)))
+    return _probe["cache"][key]
+
+
+def supported(uri):
+    """Whether the installed extension accepts a registry URI of this form: a probe server
+    started with it (nothing listens there) must report a claim failure other than an
+    unsupported URI."""
+    key = ("uri", uri.split("://")[0])
+    if key in _probe["cache"]:
+        return _probe["cache"][key]
+    c = _probe_cluster()
+    c.stop()
+    c.configure(**{"snowflake.registry": f"'{uri}'"})
+    up_ok = c.start(check=False)
+    verdict = False
+    if up_ok:
+        c.sql("CREATE EXTENSION IF NOT EXISTS snowflake")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            e = claim_error(c)
+            text = error_text(e).lower() if e else ""
+            if any(m in text for m in UNSUPPORTED_MARKERS) or "unsupported registry uri" in c.log().lower():
+                break
+            if e is not None and "has not claimed a worker id yet" not in text:
+                verdict = True  # it tried to reach the registry
+                break
+            time.sleep(0.1)
+    _probe["cache"][key] = verdict
+    return verdict
+
+
+def require(case_cls, uri_example, *settings):
+    for name in settings:
+        if not has_setting(name):
+            raise unittest.SkipTest(f"the installed extension has no {name}")
+    if not supported(uri_example):
+        raise unittest.SkipTest(f"the installed extension does not support {uri_example.split('://')[0]}:// registries")
+
+
+_ca = {}
+_ca_lock = threading.Lock()
+
+
+def test_ca():
+    """The run's test certificates (made once)."""
+    with _ca_lock:
+        if "ca" not in _ca:
+            _ca["ca"] = make_test_ca(os.path.join(BASE, "test-ca"))
+        return _ca["ca"]
+
+
+test_ca.__test__ = False  # not a test, whatever its name
+
+
+def tearDownModule():
+    if _probe["cluster"] is not None:
+        _probe["cluster"].destroy()
+    shutil.rmtree(os.path.join(BASE, "test-ca"), ignore_errors=True)
+    try:
+        os.rmdir(BASE)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------------------
+
+class Bundle:
+    """What one test uses (a registry, its nodes), with their cleanups: closed by the test
+    when it ends, or by the class when the test never ran."""
+
+    def __init__(self):
+        self._cleanups = []
+        self._lock = threading.Lock()
+
+    def addCleanup(self, fn, *args):  # noqa: N802  (TestCase's name, for start_nodes)
+        with self._lock:
+            self._cleanups.append((fn, args))
+
+    def close(self):
+        with self._lock:
+            cleanups, self._cleanups = self._cleanups, []
+        for fn, args in reversed(cleanups):
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001
+                log(f"cleanup {fn}: {e!r}")
+
+
+class Prepared:
+    """The fixtures of a class's tests, built at once in background threads when the class
+    starts: a new registry grants its first id only one claim_ttl after it began (it
+    settles), so the setups overlap their waits instead of adding them up."""
+
+    def __init__(self):
+        self.jobs = {}
+
+    def spawn(self, key, build):
+        """build(bundle) returns what the test gets; runs now, in a thread."""
+        job = {"bundle": Bundle(), "result": None, "error": None, "took": None}
+        started = time.monotonic()
+
+        def run():
+            try:
+                job["result"] = build(job["bundle"])
+            except BaseException as e:  # noqa: BLE001
+                job["error"] = e
+            job["took"] = time.monotonic() - started
+        job["thread"] = threading.Thread(target=run, daemon=True)
+        job["thread"].start()
+        self.jobs[key] = job
+
+    def take(self, case, key, timeout=180):
+        """The fixture for `key` (waits for it); the test closes it when it ends."""
+        job = self.jobs[key]
+        job["thread"].join(timeout)
+        case.addCleanup(job["bundle"].close)
+        if job["thread"].is_alive():
+            raise AssertionError(f"fixture {key} not ready in {timeout} s")
+        if job["error"] is not None:
+            raise job["error"]
+        log(f"fixture {key} was ready {job['took']:.1f} s after the class started")
+        return job["result"]
+
+    def close(self):
+        for job in self.jobs.values():
+            job["thread"].join(60)
+            job["bundle"].close()
+
+
+class HABase(unittest.TestCase):
+    TTL = 4.0
+
+    @classmethod
+    def prepare(cls, **builds):
+        cls.prep = Prepared()
+        cls.addClassCleanup(cls.prep.close)
+        for key, build in builds.items():
+            cls.prep.spawn(key, build)
+
+    def setUp(self):
+        self.writers = []
+        self.t_start = time.monotonic()
+
+    def tearDown(self):
+        for w in self.writers:
+            w.finish()
+        log(f"{self.id().rsplit('.', 1)[-1]}: {time.monotonic() - self.t_start:.1f} s")
+
+    def take(self, key):
+        return self.prep.take(self, key)
+
+    def writing(self, *nodes):
+        ws = [Writer(c) for c in nodes]
+        for w in ws:
+            w.start()
+        self.writers += ws
+        for w in ws:
+            w.running()
+        return ws
+
+    def stop_writers(self, *ws):
+        for w in ws:
+            w.finish()
+
+    def assert_no_duplicates(self, *lists, context=""):
+        dup = duplicates(*lists)
+        self.assertEqual(dup, [], f"{len(dup)} duplicate IDs {context}; first: "
+                                  f"{[(d, decode(d)) for d in dup[:5]]}")
+
+    def wait_resumed(self, writers, since, bound, what, outage=0.0):
+        """Waits (up to `bound` seconds after `since`) until every writer issues again after
+        its last error, and no error can still be on its way: past `outage` (how long the
+        registry was away) plus a fence (ttl/2) plus a heartbeat, every claim granted before
+        the fault has been renewed or has lapsed. Then one more second without an error.
+        Returns each writer's resume time (0: it had no error)."""
+        judged_from = since + outage + self.TTL / 2 + self.TTL / 5
+
+        def done():
+            return time.monotonic() >= judged_from and all(w.resumed(since) for w in writers)
+        try:
+            wait_until(done, timeout=max(0.1, since + bound - time.monotonic()), what=what)
+        except AssertionError:
+            raise AssertionError(f"{what}: not resumed within {bound:.1f} s: "
+                                 + "; ".join(w.summary(since) for w in writers) + "\n"
+                                 + "\n".join(log_tail(w.cluster) for w in writers)) from None
+        settled = time.monotonic()
+        time.sleep(1.0)
+        for w in writers:
+            self.assertFalse(w.errors_since(settled),
+                             f"{what}: {w.cluster.name} failed again after resuming: "
+                             f"{w.summary(since)}")
+        return [round(w.resume_time(since), 2) for w in writers]
+
+    def check_tls(self, fixture, scheme_word):
+        """A node trusting the test CA claimed and issues; a node trusting an unrelated CA
+        claims nothing, and its error names the registry and the certificate problem."""
+        _, right, wrong = fixture
+        got = right.one("SELECT snowflake_next_batch(1000)")
+        self.assertEqual(len(set(got)), 1000)
+        e = wait_claim_error(wrong, lambda t: any(w in t.lower() for w in ("certificate", "verif")))
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn("registry", e.diag.message_primary)
+        self.assertIn(scheme_word, error_text(e))
+        self.assertNotEqual(claim_state(wrong)[0], "held")
+        log(f"wrong CA: {error_text(e)[:300]}")
+
+
+def tls_nodes(bundle, uri, ttl):
+    """A node trusting the test CA (claimed) and one trusting an unrelated CA."""
+    ca = test_ca()
+    right, wrong = start_nodes(bundle, [
+        ("tlsok", node_settings(uri, ttl, snowflake__registry_ca_file=ca.ca)),
+        ("tlsbad", node_settings(uri, ttl, snowflake__registry_ca_file=ca.wrong_ca)),
+    ])
+    wait_claimed(right, timeout=2 * ttl + 20)
+    return right, wrong
+
+
+# --------------------------------------------------------------------------------------
+# etcd
+
+def etcd_cluster(bundle, **kw):
+    e = EtcdCluster(3, election_ms=ETCD_ELECTION_MS, **kw)
+    bundle.addCleanup(e.close)
+    e.start()
+    return e
+
+
+def etcd_pair(bundle, newcomer=False):
+    """A new etcd cluster and two nodes holding claims (and a third node, initialized)."""
+    etcd = etcd_cluster(bundle)
+    settings = node_settings(etcd.uri(), ETCD_TTL)
+    a, b = start_nodes(bundle, [("ea", settings), ("eb", settings)])
+    wa, wb = wait_claimed(a, timeout=2 * ETCD_TTL + 20), wait_claimed(b, timeout=2 * ETCD_TTL + 20)
+    assert wa != wb, (wa, wb)
+    c = init_node(bundle, "ec", settings) if newcomer else None
+    return etcd, a, b, c
+
+
+# The restore scenario renews fast so that the holder's freeze and the lapse fit in seconds.
+ETCD_RESTORE_TTL = 4.0
+
+
+def etcd_squat(etcd, ids, ttl_s=900):
+    """Fake live servers on `ids` of the datacenter (one long etcd lease), so that the nodes
+    compete for the rest."""
+    lease = etcd.etcdctl("lease", "grant", str(ttl_s)).stdout.split()[1]
+    for w in ids:
+        etcd.etcdctl("put", f"--lease={lease}", f"/snowflake/claim/{DC}/{w}", f"fake-{w}")
+
+
+def etcd_trio(bundle):
+    """An etcd cluster whose datacenter has two free ids, two nodes holding them and a
+    third waiting for one."""
+    etcd = etcd_cluster(bundle)
+    etcd_squat(etcd, range(2, 32))
+    settings = node_settings(etcd.uri(), ETCD_RESTORE_TTL)
+    nodes = start_nodes(bundle, [("ra", settings), ("rb", settings), ("rc", settings)])
+
+    def holders():
+        return [n for n in nodes if claim_state(n)[0] == "held"]
+    wait_until(lambda: len(holders()) == 2, timeout=2 * ETCD_RESTORE_TTL + 20,
+               what="two of the three nodes holding the two free ids")
+    a, b = holders()
+    (c,) = [n for n in nodes if n not in (a, b)]
+    return etcd, a, b, c
+
+
+ETCD_TLS_PREFIX = "/fleet-a/ids"
+
+
+def etcd_tls(bundle):
+    """Over TLS, and with a prefix of its own in the URI."""
+    etcd = etcd_cluster(bundle, tls=test_ca(), prefix=ETCD_TLS_PREFIX)
+    return (etcd,) + tls_nodes(bundle, etcd.uri(), ETCD_TTL)
+
+
+ETCD_PASSWORD = "Etcd-Node-Pw-71"
+
+
+def etcd_auth(bundle):
+    etcd = etcd_cluster(bundle)
+    etcd.enable_auth("snownode", ETCD_PASSWORD)
+    d = os.path.join(etcd.dir, "pw")
+    os.makedirs(d, exist_ok=True)
+    good = write_password_file(os.path.join(d, "good"), ETCD_PASSWORD)
+    bad = write_password_file(os.path.join(d, "bad"), "Not-The-Password-1")
+    uri = etcd.uri(user="snownode")
+    ok, ko = start_nodes(bundle, [
+        ("epw", node_settings(uri, ETCD_TTL, snowflake__registry_password_file=good)),
+        ("epwbad", node_settings(uri, ETCD_TTL, snowflake__registry_password_file=bad))])
+    wait_claimed(ok, timeout=2 * ETCD_TTL + 20)
+    return etcd, ok, ko
+
+
+class EtcdRegistry(HABase):
+    TTL = ETCD_TTL
+
+    @classmethod
+    def setUpClass(cls):
+        require(cls, "etcd://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+        builds = {"leader": etcd_pair, "frozen": etcd_pair,
+                  "wiped": lambda b: etcd_pair(b, newcomer=True), "restored": etcd_trio}
+        if has_setting("snowflake.registry_ca_file"):
+            builds["tls"] = etcd_tls
+        if has_setting("snowflake.registry_password_file"):
+            builds["auth"] = etcd_auth
+        cls.prepare(**builds)
+
+    def members_in_use(self, etcd, nodes):
+        """{member index: connections of the nodes' registry workers to it}."""
+        pids = [registry_worker_pid(c) for c in nodes]
+        ports = connected_ports([p for p in pids if p])
+        return {i: ports.get(p, 0) for i, p in enumerate(etcd.client_ports)}
+
+    def assert_no_error(self, writers, since, until, what):
+        for w in writers:
+            self.assertFalse(w.errors_since(since),
+                             f"{what}: {w.summary(since)}\n{log_tail(w.cluster)}")
+            gap = w.max_gap(since, until)
+            log(f"{what}: {w.cluster.name}: {len(w.got)} IDs, longest gap {gap:.2f} s")
+            self.assertLess(gap, self.TTL / 5,
+                            f"{what}: {w.cluster.name} issued nothing for {gap:.2f} s")
+
+    def member_in_use(self, etcd, nodes):
+        """The member the nodes' registry workers talk to (most connections), made the
+        leader: a fault there costs both a lost or hung connection and an election."""
+        in_use = self.members_in_use(etcd, nodes)
+        member = max(in_use, key=in_use.get)
+        self.assertGreater(in_use[member], 0, f"the nodes use no member: {in_use}")
+        etcd.move_leader(member)
+        return member, in_use
+
+    def test_leader_killed_costs_no_error(self):
+        """SIGKILL of the leader, the member the nodes talk to: two members remain, elect a
+        leader and serve; the holders move to them without one failed call."""
+        etcd, a, b, _ = self.take("leader")
+        wa, wb = self.writing(a, b)
+        leader, in_use = self.member_in_use(etcd, [a, b])
+        etcd.kill(leader)
+        killed_at = time.monotonic()
+        wait_until(lambda: etcd.leader(check=False) not in (None, leader), timeout=15,
+                   what="a new etcd leader")
+        log(f"leader m{leader} killed (node connections per member {in_use}); new leader "
+            f"m{etcd.leader()} after {time.monotonic() - killed_at:.2f} s")
+        # A holder that could not renew stops ttl/2 after its last renewal began: watch
+        # past that plus the election and a margin.
+        time.sleep(max(0.0, killed_at + self.TTL / 2 + 1 + MARGIN - time.monotonic()))
+        etcd.restart(leader)
+        time.sleep(1.0)
+        until = time.monotonic()
+        self.stop_writers(wa, wb)
+        self.assert_no_error([wa, wb], killed_at, until, "etcd leader SIGKILL")
+        self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
+        self.assert_no_duplicates(wa.got, wb.got)
+
+    def test_member_frozen_past_the_ttl_costs_no_error(self):
+        """SIGSTOP, for longer than claim_ttl, of the leader, the member the nodes talk to
+        (their requests hang; nothing is refused), then SIGCONT."""
+        etcd, a, b, _ = self.take("frozen")
+        wa, wb = self.writing(a, b)
+        victim, in_use = self.member_in_use(etcd, [a, b])
+        etcd.stop(victim)
+        stopped_at = time.monotonic()
+        try:
+            time.sleep(self.TTL + 1)
+            moved = self.members_in_use(etcd, [a, b])
+        finally:
+            etcd.cont(victim)
+        log(f"leader m{victim} SIGSTOPped for {time.monotonic() - stopped_at:.1f} s; node "
+            f"connections per member {in_use} before, {moved} while it was stopped")
+        cont_at = time.monotonic()
+        etcd.wait_healthy(timeout=20)
+        time.sleep(max(0.0, cont_at + 1 - time.monotonic()))
+        until = time.monotonic()
+        self.stop_writers(wa, wb)
+        self.assert_no_error([wa, wb], stopped_at, until, "etcd member SIGSTOP")
+        self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
+        self.assert_no_duplicates(wa.got, wb.got)
+
+    def test_cluster_restarted_empty_settles_and_resumes(self):
+        """Every member killed and its data deleted, a new empty cluster on the same ports.
+        The holders go on (or resume) by themselves; a node that starts after the loss waits
+        for the registry to settle and gets an id of its own; no ID repeats."""
+        etcd, a, b, c = self.take("wiped")
+        before = (claim_state(a)[1], claim_state(b)[1])
+        wa, wb = self.writing(a, b)
+        wiped_at = time.monotonic()
+        etcd.wipe_and_restart_all()
+        back = time.monotonic() - wiped_at
+        up(c)
+        watch = StatusWatcher(c)
+        # Bound: the cluster back; one ttl of settling from when the registry noticed (the
+        # first request after it is back: within a heartbeat); a heartbeat; the margin.
+        bound = back + self.TTL + 2 * self.TTL / 5 + MARGIN
+        resumed = self.wait_resumed([wa, wb], wiped_at, bound, "etcd restarted empty",
+                                    outage=back)
+        wc = watch.wait_held(timeout=max(1.0, wiped_at + bound - time.monotonic()))
+        seen = watch.seen
+        claimed_after = watch.held_at - wiped_at
+        wn = self.writing(c)[0]
+        time.sleep(1.0)
+        self.stop_writers(wa, wb, wn)
+        after = (claim_state(a)[1], claim_state(b)[1])
+        log(f"etcd back empty after {back:.2f} s; holders resumed after {resumed} s (bound "
+            f"{bound:.1f} s), worker ids {before} -> {after}; newcomer got {wc} after "
+            f"{claimed_after:.1f} s, statuses {sorted(seen)}; "
+            + "; ".join(w.summary(wiped_at) for w in (wa, wb)))
+        self.assertIn("settling", seen, "a node starting after the loss must wait for the registry")
+        self.assertNotIn(wc, after)
+        self.assert_no_duplicates(wa.got, wb.got, wn.got,
+                                  context=f"(holders {before} -> {after}, newcomer {wc})")
+
+    def test_restored_from_a_snapshot_takes_no_lapsed_claim_back(self):
+        """etcd restored from a snapshot that still has node B's claim, after B's claim had
+        lapsed (B's registry worker frozen past claim_ttl) and node C had taken the id. The
+        restore brings B's lease back alive; C's registry worker is frozen right after a
+        renewal, so C's sessions go on issuing under that id within their fence. B must not
+        take the id back by its token: before that rule, an adversarial run of this
+        scenario got 7,947 duplicate IDs. C is thawed later; no ID may repeat."""
+        etcd, a, b, c = self.take("restored")
+        ttl = ETCD_RESTORE_TTL
+        writers = self.writing(a, b)
+        waiting = Writer(c)  # C has no id yet: it issues once it takes B's
+        waiting.start()
+        self.writers.append(waiting)
+        writers.append(waiting)
+        snapshot = etcd.snapshot()
+        b_worker = registry_worker_pid(b)
+        os.kill(b_worker, signal.SIGSTOP)
+        try:
+            wait_until(lambda: claim_state(c)[0] == "held", timeout=3 * ttl + 10,
+                       what="C takes the id B's frozen worker let lapse")
+        finally:
+            os.kill(b_worker, signal.SIGCONT)
+        wait_until(lambda: claim_state(b)[0] != "held", timeout=2 * ttl,
+                   what="B, thawed, finds its claim gone")
+        expires = c.one("SELECT claim_expires_at FROM snowflake_stats()")
+        wait_until(lambda: c.one("SELECT claim_expires_at FROM snowflake_stats()") != expires,
+                   timeout=2 * ttl, what="a renewal of C")
+        c_worker = registry_worker_pid(c)
+        os.kill(c_worker, signal.SIGSTOP)
+        try:
+            etcd.restore_all(snapshot)
+            restored_at = time.monotonic()
+            # B's old claim is in the store again, alive: B must not take it while C's
+            # sessions still issue under C's fence.
+            time.sleep(ttl / 2 + 1.0)
+        finally:
+            os.kill(c_worker, signal.SIGCONT)
+        time.sleep(1.5 * ttl)
+        self.stop_writers(*writers)
+        log("etcd restored from a snapshot: "
+            + "; ".join(w.summary(restored_at) for w in writers)
+            + f"; claims now {[claim_state(n) for n in (a, b, c)]}")
+        self.assert_no_duplicates(*(w.got for w in writers))
+
+    def test_tls_right_and_wrong_ca(self):
+        if "tls" not in self.prep.jobs:
+            self.skipTest("no snowflake.registry_ca_file")
+        fixture = self.take("tls")
+        self.check_tls(fixture, "etcds://")
+        etcd = fixture[0]
+        keys = etcd.etcdctl("get", "--prefix", "--keys-only", "/").stdout.split()
+        self.assertTrue(keys and all(k.startswith(ETCD_TLS_PREFIX + "/") for k in keys), keys)
+        self.assertIn(f"{ETCD_TLS_PREFIX}/claim/{DC}/{claim_state(fixture[1])[1]}", keys)
+
+    def test_password_file_with_auth(self):
+        """Authentication on: the user in the URI, its password only in
+        snowflake.registry_password_file. A wrong password claims nothing."""
+        if "auth" not in self.prep.jobs:
+            self.skipTest("no snowflake.registry_password_file")
+        etcd, ok, ko = self.take("auth")
+        self.assertEqual(len(set(ok.one("SELECT snowflake_next_batch(1000)"))), 1000)
+        e = wait_claim_error(ko, lambda t: "auth" in t.lower() or "password" in t.lower())
+        log(f"wrong etcd password: {error_text(e)[:300]}")
+        for c in (ok, ko):
+            self.assertNotIn(ETCD_PASSWORD, c.log())
+        self.assertIn("/snowflake/", etcd.etcdctl("get", "--prefix", "--keys-only", "/snowflake").stdout)
+
+
+# --------------------------------------------------------------------------------------
+# Redis Sentinel
+
+def sentinel_set(bundle, **kw):
+    s = SentinelSet(**kw)
+    bundle.addCleanup(s.close)
+    s.start()
+    return s
+
+
+def sentinel_pair(bundle):
+    s = sentinel_set(bundle)
+    settings = node_settings(s.uri(), SENTINEL_TTL)
+    a, b = start_nodes(bundle, [("sa", settings), ("sb", settings)])
+    wa, wb = wait_claimed(a), wait_claimed(b)
+    assert wa != wb, (wa, wb)
+    return s, a, b, init_node(bundle, "sc", settings)
+
+
+def sentinel_tls(bundle):
+    s = sentinel_set(bundle, tls=test_ca())
+    return (s,) + tls_nodes(bundle, s.uri(), SENTINEL_TTL)
+
+
+SENTINEL_PASSWORD = "Sentinel-Data-Pw-5"
+
+
+def sentinel_password(bundle):
+    s = sentinel_set(bundle, password=SENTINEL_PASSWORD)
+    pw = write_password_file(os.path.join(s.dir, "password"), SENTINEL_PASSWORD)
+    a, = start_nodes(bundle, [("spw", node_settings(s.uri(), SENTINEL_TTL,
+                                                     snowflake__registry_password_file=pw))])
+    wait_claimed(a)
+    return s, a
+
+
+class SentinelRegistry(HABase):
+    TTL = SENTINEL_TTL
+
+    @classmethod
+    def setUpClass(cls):
+        require(cls, "redis+sentinel://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/snowflake")
+        builds = {"failover": sentinel_pair}
+        if has_setting("snowflake.registry_ca_file"):
+            builds["tls"] = sentinel_tls
+        if has_setting("snowflake.registry_password_file"):
+            builds["password"] = sentinel_password
+        cls.prepare(**builds)
+
+    def test_master_killed_sentinels_fail_over_nodes_resume(self):
+        """SIGKILL of the master; the Sentinels promote the replica. The nodes issue again by
+        themselves within: the failover, plus one ttl of settling from when the registry
+        noticed (the next renewal, within ttl/10 of the failover), plus a heartbeat, plus
+        the margin. A node started after the failover waits for the registry to settle."""
+        s, a, b, c = self.take("failover")
+        wa, wb = self.writing(a, b)
+        old = s.kill_master()
+        killed_at = time.monotonic()
+        new = s.wait_failover(old, timeout=30)
+        failover = time.monotonic() - killed_at
+        up(c)
+        watch = StatusWatcher(c)
+        bound = failover + self.TTL + 3 * self.TTL / 10 + MARGIN
+        resumed = self.wait_resumed([wa, wb], killed_at, bound, "Sentinel failover",
+                                    outage=failover)
+        wc = watch.wait_held(timeout=max(1.0, killed_at + bound - time.monotonic()))
+        seen = watch.seen
+        s.restart_killed()  # the old master returns, empty, as a replica
+        wn = self.writing(c)[0]
+        rejoined = time.monotonic()
+        time.sleep(1.0)
+        self.stop_writers(wa, wb, wn)
+        log(f"master {old} killed; Sentinels promoted {new} after {failover:.2f} s; nodes "
+            f"resumed after {resumed} s (bound {bound:.1f} s); newcomer claimed after "
+            f"{watch.held_at - killed_at:.1f} s, statuses {sorted(seen)}; "
+            + "; ".join(w.summary(killed_at) for w in (wa, wb)))
+        for w in (wa, wb, wn):
+            self.assertFalse(w.errors_since(rejoined),
+                             f"errors after the old master rejoined: {w.summary(rejoined)}")
+        self.assertIn("settling", seen, "the registry did not settle after the failover")
+        self.assertNotIn(wc, [claim_state(a)[1], claim_state(b)[1]])
+        self.assert_no_duplicates(wa.got, wb.got, wn.got)
+
+    def test_tls_right_and_wrong_ca(self):
+        if "tls" not in self.prep.jobs:
+            self.skipTest("no snowflake.registry_ca_file")
+        self.check_tls(self.take("tls"), "rediss+sentinel://")
+
+    def test_password_file_with_requirepass(self):
+        """Master and replica require a password (the Sentinels know it); the node has it
+        only in snowflake.registry_password_file."""
+        if "password" not in self.prep.jobs:
+            self.skipTest("no snowflake.registry_password_file")
+        s, a = self.take("password")
+        w = claim_state(a)[1]
+        self.assertEqual(len(set(a.one("SELECT snowflake_next_batch(1000)"))), 1000)
+        self.assertEqual(s.cli(s.master_port(), "EXISTS", f"snowflake:claim:{DC}:{w}"), "1")
+        self.assertNotIn(SENTINEL_PASSWORD, a.log())
+
+
+# --------------------------------------------------------------------------------------
+# plain Redis with a password file (a kind every build knows)
+
+REDIS_PASSWORD = "Redis-Node-Pw-42"
+
+
+def redis_password(bundle):
+    r = PasswordRedis(REDIS_PASSWORD)
+    bundle.addCleanup(r.close)
+    r.start()
+    d = os.path.join(r.dir, "pw")
+    os.makedirs(d, exist_ok=True)
+    good = write_password_file(os.path.join(d, "good"), REDIS_PASSWORD)
+    lax = write_password_file(os.path.join(d, "lax"), REDIS_PASSWORD)
+    os.chmod(lax, 0o644)
+    ttl = 4.0
+    nodes = start_nodes(bundle, [
+        ("rpw", node_settings(r.uri(), ttl, snowflake__registry_password_file=good)),
+        ("rnopw", node_settings(r.uri(), ttl)),
+        ("rlax", node_settings(r.uri(), ttl, snowflake__registry_password_file=lax))])
+    return (r,) + tuple(nodes)
+
+
+class RedisPasswordFile(HABase):
+
+    @classmethod
+    def setUpClass(cls):
+        if not has_setting("snowflake.registry_password_file"):
+            raise unittest.SkipTest("the installed extension has no snowflake.registry_password_file")
+        cls.prepare(password=redis_password)
+
+    def test_password_only_in_the_file(self):
+        """requirepass: the node with the password file claims; one without a password and
+        one whose file others can read claim nothing; the password is in no log."""
+        r, ok, nopw, lax = self.take("password")
+        w = wait_claimed(ok)
+        self.assertEqual(len(set(ok.one("SELECT snowflake_next_batch(1000)"))), 1000)
+        self.assertEqual(r.cli("EXISTS", f"snowflake:claim:{DC}:{w}"), "1")
+        e = wait_claim_error(nopw, lambda t: "auth" in t.lower() or "password" in t.lower())
+        log(f"no password: {error_text(e)[:200]}")
+        e = wait_claim_error(lax, lambda t: "0600" in t or "mode" in t.lower())
+        log(f"lax file: {error_text(e)[:200]}")
+        for c in (ok, nopw, lax):
+            self.assertNotIn(REDIS_PASSWORD, c.log())
+
+
+# --------------------------------------------------------------------------------------
+# PostgreSQL coordinator with a standby
+
+def coordinator_pair(bundle, **kw):
+    p = CoordinatorPair(**kw)
+    bundle.addCleanup(p.close)
+    p.start()
+    return p
+
+
+def coordinator_nodes(bundle):
+    pair = coordinator_pair(bundle)
+    settings = node_settings(pair.uri(), COORD_TTL)
+    a, b = start_nodes(bundle, [("ca", settings), ("cb", settings)])
+    wa, wb = wait_claimed(a), wait_claimed(b)
+    assert wa != wb, (wa, wb)
+    return pair, a, b, init_node(bundle, "cc", settings)
+
+
+def coordinator_tls(bundle):
+    pair = coordinator_pair(bundle, tls=test_ca())
+    uri = pair.uri("target_session_attrs=read-write&sslmode=verify-full")
+    return (pair,) + tls_nodes(bundle, uri, COORD_TTL)
+
+
+COORD_PASSWORD = "Coord-Node-Pw-9"
+
+
+def coordinator_password(bundle):
+    pair = coordinator_pair(bundle, password=COORD_PASSWORD)
+    pw = os.path.join(pair.primary.dir, "pgpass")
+    write_password_file(pw, f"127.0.0.1:*:{pair.DB}:{pair.ROLE}:{COORD_PASSWORD}")
+    a, nopw = start_nodes(bundle, [
+        ("cpw", node_settings(pair.uri(), COORD_TTL, snowflake__registry_password_file=pw)),
+        ("cnopw", node_settings(pair.uri(), COORD_TTL))])
+    wait_claimed(a)
+    return pair, a, nopw
+
+
+class CoordinatorFailover(HABase):
+    TTL = COORD_TTL
+
+    @classmethod
+    def setUpClass(cls):
+        require(cls, "postgresql://u@127.0.0.1:1,127.0.0.1:2/db?target_session_attrs=read-write")
+        builds = {"failover": coordinator_nodes}
+        if has_setting("snowflake.registry_ca_file"):
+            builds["tls"] = coordinator_tls
+        if has_setting("snowflake.registry_password_file"):
+            builds["password"] = coordinator_password
+        cls.prepare(**builds)
+
+    def test_primary_killed_standby_promoted_nodes_resume(self):
+        """The coordinator's primary stops at once (immediate), its standby is promoted; the
+        nodes follow through the multi-host URI (target_session_attrs=read-write). The
+        promoted server's incarnation token (an unlogged table) is gone: the registry
+        settles. Bound: the promotion, one ttl of settling, a retry and a heartbeat, the
+        margin."""
+        pair, a, b, c = self.take("failover")
+        wa, wb = self.writing(a, b)
+        pair.standby.wait_replayed(pair.primary)
+        killed_at = time.monotonic()
+        took = pair.fail_over()
+        up(c)
+        watch = StatusWatcher(c)
+        bound = took + self.TTL + 3 * self.TTL / 10 + MARGIN
+        resumed = self.wait_resumed([wa, wb], killed_at, bound, "coordinator failover",
+                                    outage=took)
+        wc = watch.wait_held(timeout=max(1.0, killed_at + bound - time.monotonic()))
+        seen = watch.seen
+        wn = self.writing(c)[0]
+        time.sleep(1.0)
+        self.stop_writers(wa, wb, wn)
+        log(f"coordinator failed over in {took:.2f} s; nodes resumed after {resumed} s (bound "
+            f"{bound:.1f} s); newcomer claimed after {watch.held_at - killed_at:.1f} s, "
+            f"statuses {sorted(seen)}; "
+            + "; ".join(w.summary(killed_at) for w in (wa, wb)))
+        self.assertIn("settling", seen, "the promoted coordinator did not settle")
+        self.assertNotIn(wc, [claim_state(a)[1], claim_state(b)[1]])
+        self.assert_no_duplicates(wa.got, wb.got, wn.got)
+
+    def test_tls_right_and_wrong_ca(self):
+        """sslmode=verify-full, the CA from snowflake.registry_ca_file."""
+        if "tls" not in self.prep.jobs:
+            self.skipTest("no snowflake.registry_ca_file")
+        fixture = self.take("tls")
+        pair = fixture[0]
+        # TLS really is in use: the coordinator sees the registry's connections encrypted.
+        encrypted = pair.primary.one(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+            "WHERE a.application_name = 'snowflake registry' AND s.ssl")
+        self.assertGreaterEqual(encrypted, 1)
+        self.check_tls(fixture, "postgresql://")
+
+    def test_pgpass_password_file(self):
+        """The registry role needs a password (scram over TCP); the node has it only in a
+        .pgpass-style snowflake.registry_password_file. A node without it claims nothing
+        and says why."""
+        if "password" not in self.prep.jobs:
+            self.skipTest("no snowflake.registry_password_file")
+        pair, a, nopw = self.take("password")
+        self.assertEqual(len(set(a.one("SELECT snowflake_next_batch(1000)"))), 1000)
+        self.assertNotIn(COORD_PASSWORD, a.log())
+        e = wait_claim_error(nopw, lambda t: "password" in t.lower() or "auth" in t.lower())
+        log(f"no password: {error_text(e)[:200]}")
+
+
+if __name__ == "__main__":
+    unittest.main()
