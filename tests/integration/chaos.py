@@ -154,6 +154,11 @@ SENTINEL_KINDS = {
     "sentinel_kill": 3,          # one sentinel SIGKILLed, down a while
     "sentinel_replica_kill": 3,  # the replica SIGKILLed, started again empty as a replica
     "sentinel_failover": 2,      # SENTINEL FAILOVER (a switchover: a new replication id)
+    "sentinel_split_then_loss": 3,  # master frozen until the sentinels fail over, continued
+                                    # (a stale master, not yet demoted), and `gap` s later the
+                                    # new master lost (killed; killed and started again at
+                                    # once from its dump; or SENTINEL FAILOVER): the
+                                    # sentinels may fail back to the stale one
 }
 REGISTRY_SPECIFIC = {"pg": PG_ONLY_KINDS, "etcd": ETCD_KINDS, "sentinel": SENTINEL_KINDS}
 REGISTRIES = ("redis", "pg", "etcd", "sentinel")
@@ -268,15 +273,20 @@ class Plan:
                     elif kind == "etcd_member_stop":
                         p["for"] = round(min(rng.uniform(0.3, 3 * ttl), left), 2)
                 elif kind == "sentinel_master_kill":
-                    p["down"] = round(rng.uniform(0.3, 4 * ttl), 2)  # after the failover
+                    p["down"] = round(rng.uniform(0.3, 2 * ttl), 2)  # after the failover
                 elif kind == "sentinel_master_stop":
                     lo, hi = (ttl * 1.5, ttl * 4.0) if rng.random() < 0.75 else (0.2, ttl * 0.4)
                     p["for"] = round(min(rng.uniform(lo, hi), max(0.5, left)), 2)
+                elif kind == "sentinel_split_then_loss":
+                    p["extra"] = round(rng.uniform(0.0, ttl), 2)  # frozen after the failover
+                    p["gap"] = round(rng.uniform(0.0, 1.5), 2)
+                    p["how"] = rng.choice(["kill", "restart", "failover"])
+                    p["down"] = round(rng.uniform(0.3, 2 * ttl), 2)
                 elif kind == "sentinel_kill":
                     p["which"] = rng.randrange(3)
                     p["down"] = round(rng.uniform(0.5, 5 * ttl), 2)
                 elif kind == "sentinel_replica_kill":
-                    p["down"] = round(rng.uniform(0.3, 4 * ttl), 2)
+                    p["down"] = round(rng.uniform(0.3, 2 * ttl), 2)
                 elif kind == "handover":
                     p.update(self._handover(rng, left))
                     if p["clone_of"] == target:
@@ -1345,9 +1355,24 @@ class ChaosSentinel:
                 self._spawn_server(port, replica_of=m if m and m != port else None,
                                    empty=bool(m and m != port))
         if not self._wait(self.healthy, timeout, None):
+            self.rebuild()
+        if not self._wait(self.healthy, timeout, None):
             raise RuntimeError(f"sentinel set: no master after healing "
                                f"(sentinels name {[self.named(p) for p in self.sentinel_ports]}, "
                                f"roles {[self.role(p) for p in self.server_ports]})")
+
+    def rebuild(self):
+        """Last resort of healing: a server that says it is a master (or the first) made the
+        master, the other its replica, and every sentinel told to monitor it afresh."""
+        m = next((p for p in self.server_ports if self.role(p) == "master"), self.server_ports[0])
+        self.try_call(m, "REPLICAOF", "NO", "ONE")
+        self.try_call(self.other(m), "REPLICAOF", "127.0.0.1", str(m))
+        for s in self.sentinel_ports:
+            self.try_call(s, "SENTINEL", "REMOVE", SENTINEL_MASTER)
+            self.try_call(s, "SENTINEL", "MONITOR", SENTINEL_MASTER, "127.0.0.1", str(m), "2")
+            for k, v in (("down-after-milliseconds", self.DOWN_AFTER_MS),
+                         ("failover-timeout", self.FAILOVER_TIMEOUT_MS), ("parallel-syncs", 1)):
+                self.try_call(s, "SENTINEL", "SET", SENTINEL_MASTER, k, str(v))
 
     def running(self):
         return all(self.alive(p) for p in self.server_ports + self.sentinel_ports) \
@@ -1457,6 +1482,56 @@ class ChaosSentinel:
             send(self.procs[m].pid, signal.SIGCONT)
             self.stopped.discard(m)
         return m
+
+    def split_then_loss(self, extra, gap, how, down, say):
+        """The master frozen until a majority names the other server, `extra` s more, then
+        continued: a master that still says it is one, with the data of its freeze. `gap` s
+        later the new master is lost. how = kill: SIGKILLed; once the sentinels name a master
+        again (often the stale one, which they have not demoted yet) and `down` s more, it
+        starts again empty as a replica. restart: SIGKILLed and started again at once from
+        its dump (a new run_id: holders re-assert there; the sentinels may still fail over).
+        failover: SENTINEL FAILOVER (to the stale one, the only other server)."""
+        old = self.current_master()
+        if old is None or not self.alive(old):
+            return "skipped: no master"
+        send(self.procs[old].pid, signal.SIGSTOP)
+        self.stopped.add(old)
+        try:
+            failed_over = self._wait(lambda: self.master() not in (None, old), 20, None)
+            time.sleep(extra)
+        finally:
+            send(self.procs[old].pid, signal.SIGCONT)
+            self.stopped.discard(old)
+        if not failed_over:
+            return "skipped: no failover while the master was frozen"
+        time.sleep(gap)
+        new = self.master()
+        if new in (None, old) or not self.alive(new):
+            return f"skipped: the sentinels name {new} again already"
+        roles = {p: self.role(p) for p in self.server_ports}
+        if how == "failover":
+            r = self.failover()
+            self._wait(lambda: self.master() not in (None, new), 10, None)
+            say(f"  sentinel: {old} frozen until the failover to {new}, continued (roles then "
+                f"{roles}); SENTINEL FAILOVER {gap} s later: {r or 'started'}; now the "
+                f"sentinels name {self.master()}")
+            return None
+        self._kill(new)
+        if how == "restart":
+            self._spawn_server(new)
+            time.sleep(3.0)
+            say(f"  sentinel: {old} frozen until the failover to {new}, continued (roles then "
+                f"{roles}); {new} killed and started again {gap} s later; now the sentinels "
+                f"name {self.master()}")
+            return None
+        self._wait(lambda: self.master() not in (None, new), 20, None)
+        say(f"  sentinel: {old} frozen until the failover to {new}, continued (roles then "
+            f"{roles}), {new} SIGKILLed {gap} s later; now the sentinels name {self.master()}")
+        time.sleep(down)
+        m = self.master()
+        self._spawn_server(new, replica_of=m if m not in (None, new) else None,
+                           empty=m not in (None, new))
+        return None
 
     def sentinel_kill(self, k, down):
         port = self.sentinel_ports[k % 3]
@@ -1650,7 +1725,8 @@ class Writer(threading.Thread):
             state = e.sqlstate or "connection"
             self._error(state)
             if e.sqlstate:
-                text = re.sub(r"\d+", "N", (e.diag.message_primary or "")[:90])
+                text = re.sub(r"\b[a-z+]+://\S+", "URI", e.diag.message_primary or "")
+                text = re.sub(r"\d+", "N", text)[:110]
                 self.messages[f"{state} {text}"] += 1
             if self.conn.closed or self.conn.broken or e.sqlstate is None:
                 self._drop()
@@ -2405,6 +2481,11 @@ class Schedule:
         finally:
             self.sentinel_lock.release()
 
+    def do_sentinel_split_then_loss(self, ev):
+        p = ev.params
+        return self._with_registry(lambda: self.registry.split_then_loss(
+            p["extra"], p["gap"], p["how"], p["down"], self.say))
+
     def do_sentinel_replica_kill(self, ev):
         return self._with_registry(lambda: self.registry.replica_kill(ev.params["down"]))
 
@@ -2453,7 +2534,11 @@ class Schedule:
         self.say("healing: SIGCONT everything, clocks back, everything started")
         with self.registry_lock:
             if not self.registry.running():
-                self.registry.start()
+                try:
+                    self.registry.start()
+                except Exception as e:  # noqa: BLE001  (checked anyway; liveness reported)
+                    self.notes.append(f"healing: the registry did not come back: {e}")
+                    self.say(f"healing: the registry did not come back: {e}")
         for n in list(self.nodes.values()):
             if n.retired:
                 continue
@@ -2940,13 +3025,17 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_term)
     results = []
     failed = False
+    not_run = []
     for p in ps:
         try:
             r = run_plan(p, verbose=not args.quiet, keep=args.keep)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             print(f"chaos: schedule {p.index} could not run: {e}", flush=True)
-            return 2
+            if not args.keep_going:
+                return 2
+            not_run.append(p.index)  # --keep-going: the others still run; exit status 2
+            continue
         results.append(r)
         print(human(r), flush=True)
         print("CHAOS-RESULT " + json.dumps(r, default=str), flush=True)
@@ -2960,6 +3049,10 @@ def main(argv=None):
         "faults": dict(sum((Counter({k: v.get("done", 0) for k, v in r["faults"].items()})
                             for r in results), Counter())),
         "faults_injected": sum(r["faults_injected"] for r in results),
+        "fault_seconds": round(sum(r["seconds"] for r in results), 1),
+        "wall_seconds": round(sum(r.get("wall_seconds", 0) for r in results), 1),
+        "member_fault_gaps_s": sorted(g["longest_gap_s"] for r in results
+                                      for g in r.get("member_fault_gaps", [])),
         "ids_checked": sum(r["ids_checked"] for r in results),
         "duplicates": sum(r["duplicates"] for r in results),
         "session_order_violations": sum(r["session_order_violations"] for r in results),
@@ -2967,6 +3060,7 @@ def main(argv=None):
         "refusing_seconds": {f"{r['schedule']}/{n}": v["seconds"]
                              for r in results for n, v in r["refusing"].items()},
         "failed_schedules": [r["schedule"] for r in results if not r["ok"]],
+        "schedules_not_run": not_run,
         "ok": not failed,
     }
     print("CHAOS-SUMMARY " + json.dumps(summary), flush=True)
@@ -2975,7 +3069,7 @@ def main(argv=None):
           f"{summary['session_order_violations']} session order violations, "
           f"{summary['overlap_violations']} overlap violations: "
           f"{'OK' if not failed else 'FAILED'}", flush=True)
-    return 1 if failed else 0
+    return 1 if failed else 2 if not_run else 0
 
 
 if __name__ == "__main__":
