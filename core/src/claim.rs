@@ -391,21 +391,27 @@ pub enum ClaimChoice {
     Exhausted(u32),
 }
 
-/// Decides a claim: an id this token holds first (whatever the order), then, once the
-/// registry has settled, the first free id in `order`. `live` lists the ids that are
-/// held (unexpired) and by which token.
+/// Decides a claim, once the registry has settled: an id this token holds first (whatever
+/// the order), then the first free id in `order`. `live` lists the ids that are held
+/// (unexpired) and by which token.
+///
+/// While the registry settles it grants nothing, not even an id under this token: its
+/// records may be a restored copy, where this token's claim is one that it released, or let
+/// lapse, before another server took the id (an adversarial test got 7,372 duplicates from a
+/// Redis restored from a dump). A holder whose fence still holds keeps its claim by renewing
+/// it, not by claiming.
 pub fn choose_worker(
     order: &[u8],
     live: &[(u8, &str)],
     token: &str,
     settle_wait_ms: u64,
 ) -> ClaimChoice {
+    if settle_wait_ms > 0 {
+        return ClaimChoice::Settling(settle_wait_ms);
+    }
     let holder = |w: u8| live.iter().find(|(id, _)| *id == w).map(|(_, t)| *t);
     if let Some(w) = order.iter().copied().find(|w| holder(*w) == Some(token)) {
         return ClaimChoice::Own(w);
-    }
-    if settle_wait_ms > 0 {
-        return ClaimChoice::Settling(settle_wait_ms);
     }
     match order.iter().copied().find(|w| holder(*w).is_none()) {
         Some(w) => ClaimChoice::Free(w),
@@ -509,10 +515,15 @@ mod tests {
     }
 
     #[test]
-    fn choose_worker_prefers_own_then_waits_for_settling() {
+    fn choose_worker_waits_for_settling_then_prefers_own() {
         let order = claim_order(Some(2), 3);
         let live = [(2u8, "other"), (1u8, "me")];
-        assert_eq!(choose_worker(&order, &live, "me", 500), ClaimChoice::Own(1));
+        // Not even an own claim while settling (it may be a restored copy's).
+        assert_eq!(
+            choose_worker(&order, &live, "me", 500),
+            ClaimChoice::Settling(500)
+        );
+        assert_eq!(choose_worker(&order, &live, "me", 0), ClaimChoice::Own(1));
         assert_eq!(
             choose_worker(&order, &live, "new", 500),
             ClaimChoice::Settling(500)

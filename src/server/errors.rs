@@ -647,7 +647,7 @@ pub fn claimed(
 ) -> SnowflakeError {
     let how = if own {
         format!(
-            "The claim was already this server's (it crash-restarted); IDs start at {} or later, as before.",
+            "The claim was already this server's (it crash-restarted, or its registry worker claimed again); IDs start at {} or later, as before.",
             ms(floor_unix_ms)
         )
     } else {

@@ -663,7 +663,8 @@ class CoordinatorPair:
 # plain Redis with a password (requirepass)
 
 class PasswordRedis:
-    """A redis-server (no persistence) that requires a password."""
+    """A redis-server (no persistence but SAVE on demand) that requires a password (or
+    none: password=None)."""
 
     def __init__(self, password):
         self.password = password
@@ -677,15 +678,35 @@ class PasswordRedis:
         self.dir = d = _fresh(os.path.join(BASE, f"redis{self.port}"))
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--dir", d,
-             "--requirepass", self.password],
+             "--appendonly", "no", "--daemonize", "no", "--dir", d, "--dbfilename", "dump.rdb"]
+            + (["--requirepass", self.password] if self.password else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: self.cli("PING", check=False) == "PONG", timeout=10, what="redis-server")
         return self
 
+    def save_copy(self):
+        """SAVE, and a copy of the dump kept aside; returns its path."""
+        self.cli("SAVE")
+        copy = os.path.join(self.dir, "copy.rdb")
+        shutil.copyfile(os.path.join(self.dir, "dump.rdb"), copy)
+        return copy
+
+    def restart_from(self, copy):
+        """SIGKILL, then started again from `copy` (an older dump): a registry restored."""
+        _kill(self.proc)
+        shutil.copyfile(copy, os.path.join(self.dir, "dump.rdb"))
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
+             "--dbfilename", "dump.rdb"]
+            + (["--requirepass", self.password] if self.password else []),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self.cli("PING", check=False) == "PONG", timeout=10, what="redis-server")
+
     def cli(self, *args, check=True):
-        r = subprocess.run(["redis-cli", "-p", str(self.port), "--no-auth-warning", "-a",
-                            self.password, *args], text=True, capture_output=True, timeout=5)
+        auth = ["--no-auth-warning", "-a", self.password] if self.password else []
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *auth, *args], text=True,
+                           capture_output=True, timeout=5)
         if check and r.returncode != 0:
             raise AssertionError(r.stderr)
         return r.stdout.strip()

@@ -968,6 +968,84 @@ def redis_password(bundle):
     return (r,) + tuple(nodes)
 
 
+REDIS_RESTORE_TTL = 4.0
+
+
+def redis_trio(bundle):
+    """A Redis (dumps on demand) whose datacenter has two free ids, two nodes holding them
+    and a third waiting for one."""
+    r = PasswordRedis(None).start()
+    bundle.addCleanup(r.close)
+    for w in range(2, 32):
+        r.cli("SET", f"snowflake:claim:{DC}:{w}", f"fake-{w}", "PX", "3600000")
+    settings = node_settings(r.uri(), REDIS_RESTORE_TTL)
+    nodes = start_nodes(bundle, [("qa", settings), ("qb", settings), ("qc", settings)])
+
+    def holders():
+        return [n for n in nodes if claim_state(n)[0] == "held"]
+    wait_until(lambda: len(holders()) == 2, timeout=2 * REDIS_RESTORE_TTL + 20,
+               what="two of the three nodes holding the two free ids")
+    a, b = holders()
+    (c,) = [n for n in nodes if n not in (a, b)]
+    return r, a, b, c
+
+
+class RedisRestored(HABase):
+    TTL = REDIS_RESTORE_TTL
+
+    @classmethod
+    def setUpClass(cls):
+        cls.prepare(trio=redis_trio)
+
+    def test_restored_dump_gives_no_released_claim_back(self):
+        """Redis restarted from a dump saved while node B held id W. Meanwhile B's registry
+        worker restarted (SIGTERM: it released W, and came back with the same token) and node
+        C took W; C's registry worker is frozen right after a renewal, so C's sessions go on
+        issuing under W within their fence. The restored dump has B's claim of W again: B
+        must not take it back (before the rule that a settling registry grants nothing, not
+        even an own claim, this gave 7,372 duplicates to an adversarial run). No ID may
+        repeat."""
+        r, a, b, c = self.take("trio")
+        ttl = REDIS_RESTORE_TTL
+        wa, wb = self.writing(a, b)
+        waiting = Writer(c)  # C has no id yet: it issues once it takes B's
+        waiting.start()
+        self.writers.append(waiting)
+        for _ in range(10):
+            wait_until(lambda: claim_state(b)[0] == "held", timeout=4 * ttl, what="B holding")
+            w_b = claim_state(b)[1]
+            expires = b.one("SELECT claim_expires_at FROM snowflake_stats()")
+            wait_until(lambda: b.one("SELECT claim_expires_at FROM snowflake_stats()") != expires,
+                       timeout=2 * ttl, what="a renewal of B")
+            copy = r.save_copy()
+            os.kill(registry_worker_pid(b), signal.SIGTERM)
+            time.sleep(ttl / 2 + 0.5)
+            if claim_state(c) == ("held", w_b):
+                break
+            # B's worker came back first and took its id again: once more.
+        else:
+            self.skipTest("C never took B's released id before B's worker took it back")
+        expires = c.one("SELECT claim_expires_at FROM snowflake_stats()")
+        wait_until(lambda: c.one("SELECT claim_expires_at FROM snowflake_stats()") != expires,
+                   timeout=2 * ttl, what="a renewal of C")
+        c_worker = registry_worker_pid(c)
+        os.kill(c_worker, signal.SIGSTOP)
+        try:
+            r.restart_from(copy)
+            restored_at = time.monotonic()
+            # The dump's claim of W: B's, from before its release.
+            self.assertTrue(r.cli("GET", f"snowflake:claim:{DC}:{w_b}"))
+            time.sleep(ttl / 2 + 1.0)
+        finally:
+            os.kill(c_worker, signal.SIGCONT)
+        time.sleep(1.5 * ttl)
+        self.stop_writers(wa, wb, waiting)
+        log("Redis restored from a dump: "
+            + "; ".join(w.summary(restored_at) for w in (wa, wb, waiting))
+            + f"; claims now {[claim_state(n) for n in (a, b, c)]}")
+        self.assert_no_duplicates(wa.got, wb.got, waiting.got)
+
+
 class RedisPasswordFile(HABase):
 
     @classmethod

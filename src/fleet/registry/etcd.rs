@@ -631,6 +631,17 @@ impl EtcdRegistry {
     }
 }
 
+/// Where the registry's settling is measured from: one clock resolution after its birth.
+/// The clock checks let a server's clock be off by up to half the `Date` header's
+/// resolution more than with a millisecond clock, on each side of a handover (the holder
+/// whose cap was lost, the server that takes the id after the loss), so settling lasts one
+/// resolution longer: `ttl + 1 s` covers `ttl / 2 + 2 * (ttl / 5 + 0.5 s)` for every ttl.
+/// `may_reassert` uses the same start, so a holder may re-assert for as long as nobody can
+/// get its id.
+fn settle_start(record: &FleetRecord) -> i64 {
+    record.born_unix_ms + HTTP_DATE_RESOLUTION_MS
+}
+
 /// The claim key a hold writes.
 enum HoldClaim {
     Existing {
@@ -685,7 +696,7 @@ impl Registry for EtcdRegistry {
             let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
             let settle = request
                 .timing()
-                .settle_wait_ms(record.born_unix_ms, earliest);
+                .settle_wait_ms(settle_start(&record), earliest);
             match claim::choose_worker(request.order, &holders, request.token, settle) {
                 ClaimChoice::Own(w) => {
                     // Chosen because this token holds it, so the key is in the snapshot.
@@ -761,7 +772,7 @@ impl Registry for EtcdRegistry {
             let reassert = reassert_known_born.is_some_and(|known| {
                 request
                     .timing()
-                    .may_reassert(known, record.born_unix_ms, earliest)
+                    .may_reassert(known, settle_start(&record), earliest)
             });
             let marks = snapshot.marks(worker_id);
             let held = match snapshot.claim(worker_id) {

@@ -46,6 +46,10 @@ const REDIS_CLAIM: &str = r#"
 local token = ARGV[4]
 local ttl = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
+-- Nothing while settling, not even an own claim: it may come from a restored dump, released
+-- or lapsed before another server took the id (see claim::choose_worker).
+local wait = born + ttl - now
+if wait > 0 then return {'settling', now, born, wait} end
 for i = 10, #ARGV do
   local w = ARGV[i]
   if redis.call('GET', key('claim', w)) == token then
@@ -53,8 +57,6 @@ for i = 10, #ARGV do
     return {'own', now, born, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
   end
 end
-local wait = born + ttl - now
-if wait > 0 then return {'settling', now, born, wait} end
 for i = 10, #ARGV do
   local w = ARGV[i]
   if redis.call('EXISTS', key('claim', w)) == 0 then
