@@ -115,6 +115,9 @@ pub struct RedisRegistry {
     connection: Option<redis::Connection>,
     /// Where `connection` goes (host:port), to notice that the sentinels moved the master.
     connected_to: String,
+    /// The sentinels' configuration epoch as of this request (see
+    /// [`Sentinels::master_address`]); None for one server.
+    sentinel_epoch: Option<i64>,
     claim: redis::Script,
     renew: redis::Script,
     release: redis::Script,
@@ -267,6 +270,7 @@ impl RedisRegistry {
             timeout: options.timeout,
             connection: None,
             connected_to: String::new(),
+            sentinel_epoch: None,
             claim: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_CLAIM}")),
             renew: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_RENEW}")),
             release: redis::Script::new(REDIS_RELEASE),
@@ -278,7 +282,8 @@ impl RedisRegistry {
         let (client, address) = match &mut self.target {
             Target::Direct(client) => (client.clone(), String::new()),
             Target::Sentinel(s) => {
-                let address = s.master_address(timeout)?;
+                let (address, epoch) = s.master_address(timeout)?;
+                self.sentinel_epoch = Some(epoch);
                 (s.server.client(&address)?, address)
             }
         };
@@ -299,9 +304,22 @@ impl RedisRegistry {
         Ok(self.connection.as_mut().expect("connected above"))
     }
 
-    /// Runs `f` on the connection; drops the connection after any error.
-    fn with<T>(&mut self, f: impl FnOnce(&mut redis::Connection) -> Result<T>) -> Result<T> {
-        let result = self.connection().and_then(f);
+    /// Runs `f` on the connection, with the sentinels' epoch (see
+    /// [`Sentinels::master_address`]); drops the connection after any error.
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&mut redis::Connection, Option<i64>) -> Result<T>,
+    ) -> Result<T> {
+        let result = match self.connection() {
+            Err(e) => Err(e),
+            Ok(_) => {
+                let epoch = self.sentinel_epoch;
+                match self.connection.as_mut() {
+                    Some(con) => f(con, epoch),
+                    None => Err(RegistryError("not connected".into())),
+                }
+            }
+        };
         if result.is_err() {
             self.connection = None;
         }
@@ -312,11 +330,15 @@ impl RedisRegistry {
     /// reply's word and the rest, and what was observed.
     fn invoke(
         con: &mut redis::Connection,
+        sentinel_epoch: Option<i64>,
         script: &redis::Script,
         request: &ClaimRequest<'_>,
         extra: &[String],
     ) -> Result<(String, Vec<redis::Value>, Observed)> {
-        let incarnation = redis_incarnation(con)?;
+        let mut incarnation = redis_incarnation(con)?;
+        if let Some(epoch) = sentinel_epoch {
+            incarnation = format!("{incarnation}/epoch {epoch}");
+        }
         let timing = request.timing();
         let mut invocation = script.prepare_invoke();
         invocation
@@ -373,14 +395,21 @@ fn redis_incarnation(con: &mut redis::Connection) -> Result<String> {
 }
 
 impl Sentinels {
-    /// The master's address (host:port) as more than half of the sentinels name it. A
-    /// minority (a node cut off with an old master and a stale sentinel) is not followed:
-    /// the old master may still accept writes that the new one never sees.
-    fn master_address(&mut self, timeout: Duration) -> Result<String> {
+    /// The master's address (host:port) as more than half of the sentinels name it, and the
+    /// highest configuration epoch any of them reports. A minority (a node cut off with an
+    /// old master and a stale sentinel) is not followed: the old master may still accept
+    /// writes that the new one never sees. The epoch goes up at every failover, and a
+    /// majority of the sentinels knows the latest one, so the epoch seen with a majority's
+    /// master is never older than that master's election: it is part of the incarnation,
+    /// because a master the sentinels elect again without demoting it in between (frozen
+    /// during a failover, woken up, then chosen again when the other dies) keeps its run id
+    /// and replication id, and its data lacks everything written to the other meanwhile.
+    fn master_address(&mut self, timeout: Duration) -> Result<(String, i64)> {
         let mut votes: Vec<(String, usize)> = Vec::new();
         let mut errors = Vec::new();
+        let mut epoch = i64::MIN;
         for (client, cached) in self.sentinels.iter().zip(self.connections.iter_mut()) {
-            let answer = (|| -> Result<Option<(String, u16)>> {
+            let answer = (|| -> Result<Vec<String>> {
                 if cached.is_none() {
                     let c = client.get_connection_with_timeout(timeout)?;
                     c.set_read_timeout(Some(timeout))?;
@@ -389,12 +418,25 @@ impl Sentinels {
                 }
                 let con = cached.as_mut().expect("connected above");
                 Ok(redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
+                    .arg("MASTER")
                     .arg(&self.master)
                     .query(con)?)
             })();
             match answer {
-                Ok(Some((host, port))) => {
+                Ok(fields) => {
+                    let field = |name: &str| {
+                        fields
+                            .chunks(2)
+                            .find(|kv| kv.len() == 2 && kv[0] == name)
+                            .map(|kv| kv[1].clone())
+                    };
+                    let (Some(host), Some(port)) = (field("ip"), field("port")) else {
+                        errors.push("a sentinel's answer has no address".into());
+                        continue;
+                    };
+                    if let Some(e) = field("config-epoch").and_then(|e| e.parse::<i64>().ok()) {
+                        epoch = epoch.max(e);
+                    }
                     let address = if host.contains(':') {
                         format!("[{host}]:{port}")
                     } else {
@@ -405,10 +447,6 @@ impl Sentinels {
                         None => votes.push((address, 1)),
                     }
                 }
-                Ok(None) => errors.push(format!(
-                    "a sentinel knows no master named \"{}\"",
-                    self.master
-                )),
                 Err(e) => {
                     *cached = None;
                     errors.push(e.0);
@@ -419,7 +457,7 @@ impl Sentinels {
         votes
             .into_iter()
             .find(|(_, n)| *n >= needed)
-            .map(|(a, _)| a)
+            .map(|(a, _)| (a, epoch))
             .ok_or_else(|| {
                 RegistryError(format!(
                     "fewer than {needed} of the {} sentinels agree on master \"{}\"{}",
@@ -468,9 +506,9 @@ fn rejected(word: &str) -> Option<RequestAge> {
 impl Registry for RedisRegistry {
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
         let script = self.claim.clone();
-        self.with(|con| {
+        self.with(|con, epoch| {
             let ids: Vec<String> = request.order.iter().map(|w| w.to_string()).collect();
-            let (word, rest, observed) = Self::invoke(con, &script, request, &ids)?;
+            let (word, rest, observed) = Self::invoke(con, epoch, &script, request, &ids)?;
             let int = |i| int_at(&rest, i);
             let worker = |i| -> Result<u8> {
                 int(i)?
@@ -513,14 +551,14 @@ impl Registry for RedisRegistry {
         reassert_known_born: Option<i64>,
     ) -> Result<(RenewReply, Observed)> {
         let script = self.renew.clone();
-        self.with(|con| {
+        self.with(|con, epoch| {
             let extra = [
                 worker_id.to_string(),
                 reassert_known_born
                     .map(|b| b.to_string())
                     .unwrap_or_default(),
             ];
-            let (word, rest, observed) = Self::invoke(con, &script, request, &extra)?;
+            let (word, rest, observed) = Self::invoke(con, epoch, &script, request, &extra)?;
             let reply = match word.as_str() {
                 "renewed" => RenewReply::Renewed,
                 "lost" => RenewReply::Lost {
@@ -553,7 +591,7 @@ impl Registry for RedisRegistry {
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
         let script = self.release.clone();
-        self.with(|con| {
+        self.with(|con, _| {
             let key = |kind: &str| format!("snowflake:{kind}:{datacenter_id}:{worker_id}");
             let _: i64 = script
                 .key(key("claim"))
