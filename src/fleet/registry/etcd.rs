@@ -18,8 +18,9 @@
 //! endpoint (`/version`, on the client port), read in whole seconds (see
 //! [`snowflake_core::kvclaims`]).
 //!
-//! A restore from a snapshot is a loss etcd does not signal: see
-//! [`EtcdRegistry::first_contact_wait_ms`] for how it is covered.
+//! A restore from a snapshot is a loss etcd does not signal, and revisions soon climb past
+//! where they were once other servers write: see [`EtcdRegistry::free_wait_ms`] and
+//! [`EtcdRegistry::own_write_lost`] for how it is covered.
 //!
 //! One member is used at a time; any failed or timed-out request moves to the next, so a
 //! dead or frozen member costs one request. Requests need a leader (`require_leader`): a
@@ -64,8 +65,12 @@ pub struct EtcdRegistry {
     /// The highest store revision this client has seen: a lower one means the store went
     /// back (restored from a snapshot), and lost what it acknowledged since.
     highest_revision: i64,
-    /// When this client first read the store (see [`EtcdRegistry::first_contact_wait_ms`]).
-    first_contact: Option<std::time::Instant>,
+    /// The free id this client saw first in `order`, under which fleet record (its mod
+    /// revision), and since when (see [`EtcdRegistry::free_wait_ms`]).
+    seen_free: Option<(u8, i64, std::time::Instant)>,
+    /// This client's last write of an id's marks: (datacenter, worker, revision). See
+    /// [`EtcdRegistry::own_write_lost`].
+    last_write: Option<(u8, u8, i64)>,
 }
 
 /// One consistent read of the datacenter's keys.
@@ -174,25 +179,43 @@ impl EtcdRegistry {
             client: None,
             current: 0,
             highest_revision: 0,
-            first_contact: None,
+            seen_free: None,
+            last_write: None,
         })
     }
 
-    /// How long this client still waits before it takes a free id (ms). A store restored
-    /// from a snapshot looks like any other to a client that never saw its later revisions,
-    /// and etcd gives no sign of the restore. The servers that did see them notice at their
-    /// next renewal (a lower revision) and make the registry settle; a server cut off from
-    /// the store stops issuing within the fence's reach of its last renewal, which came
-    /// before the restore. So a new client (every start of the registry worker) waits the
-    /// fence's reach plus one request's timeout after it first read the store before it takes
-    /// an id that is free there: by then every id granted in the lost revisions is either
-    /// claimed again or no longer used. Own claims and renewals do not wait.
-    fn first_contact_wait_ms(&mut self, request: &ClaimRequest<'_>) -> u64 {
-        let started = *self
-            .first_contact
-            .get_or_insert_with(std::time::Instant::now);
+    /// How long this client still waits before it takes free id `w` (ms). A store restored
+    /// from a snapshot gives no sign of the restore, and its revisions soon climb past
+    /// where they were once any server writes. Every holder whose claim the restore lost
+    /// notices at its next renewal ([`Self::own_write_lost`]) and makes the registry begin a
+    /// new incarnation; a holder cut off from the store stops issuing within the fence's
+    /// reach of its last renewal, which came before the restore. So an id is taken only once
+    /// this client has seen it free, under the same fleet record, for the fence's reach plus
+    /// one request's time limit: by then every id granted in lost revisions is claimed again,
+    /// or the registry began anew (and settles), or its holder stopped. Own claims and
+    /// renewals do not wait.
+    fn free_wait_ms(&mut self, request: &ClaimRequest<'_>, w: u8, fleet_seen: i64) -> u64 {
         let needed = request.timing().fence_reach_ms() + self.timeout.as_millis() as u64;
-        needed.saturating_sub(started.elapsed().as_millis() as u64)
+        match self.seen_free {
+            Some((seen_w, seen_fleet, since)) if seen_w == w && seen_fleet == fleet_seen => {
+                needed.saturating_sub(since.elapsed().as_millis() as u64)
+            }
+            _ => {
+                self.seen_free = Some((w, fleet_seen, std::time::Instant::now()));
+                needed
+            }
+        }
+    }
+
+    /// Whether the store lost this client's last write of an id's marks: the key's mod
+    /// revision is below the revision of that write (revisions only rise in a store that
+    /// keeps its history), so the store went back to an older copy, whatever revisions other
+    /// servers have written since.
+    fn own_write_lost(&self, datacenter_id: u8, snapshot: &Snapshot) -> bool {
+        match self.last_write {
+            Some((dc, w, revision)) if dc == datacenter_id => snapshot.marks(w).1 < revision,
+            _ => false,
+        }
     }
 
     fn endpoint(&self) -> &str {
@@ -373,8 +396,6 @@ impl EtcdRegistry {
             TxnOp::get(marks.clone(), Some(GetOptions::new().with_prefix())),
         ]);
         let response = self.call(|c| Box::pin(c.txn(txn)))?;
-        self.first_contact
-            .get_or_insert_with(std::time::Instant::now);
         let revision = response.header().map_or(0, |h| h.revision());
         let mut gets = response.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().to_vec(),
@@ -455,16 +476,19 @@ impl EtcdRegistry {
         let clock = self.clock()?;
         for _ in 0..ATTEMPTS {
             let (snapshot, revision) = self.snapshot(request.datacenter_id)?;
-            let went_back = revision < self.highest_revision;
+            let went_back = revision < self.highest_revision
+                || self.own_write_lost(request.datacenter_id, &snapshot);
             match snapshot.fleet {
                 None => {
                     self.begin_incarnation(request.epoch_unix_ms, clock.latest(), 0)?;
+                    self.last_write = None;
                     continue;
                 }
                 Some((record, seen))
                     if went_back && record.epoch_unix_ms == request.epoch_unix_ms =>
                 {
                     self.begin_incarnation(request.epoch_unix_ms, clock.latest(), seen)?;
+                    self.last_write = None;
                     continue;
                 }
                 Some((record, seen)) => {
@@ -573,7 +597,14 @@ impl EtcdRegistry {
             }
         }
         let txn = Txn::new().when(compares).and_then(ops);
-        Ok(self.call(|c| Box::pin(c.txn(txn)))?.succeeded())
+        let response = self.call(|c| Box::pin(c.txn(txn)))?;
+        if response.succeeded() {
+            if let Some(h) = response.header() {
+                self.last_write = Some((dc, w, h.revision()));
+            }
+            self.seen_free = None;
+        }
+        Ok(response.succeeded())
     }
 
     /// Binds a new claim of `w` to a new lease; false if the snapshot changed.
@@ -722,8 +753,8 @@ impl Registry for EtcdRegistry {
                         ));
                     }
                 }
-                ClaimChoice::Free(_) if self.first_contact_wait_ms(request) > 0 => {
-                    let wait_ms = self.first_contact_wait_ms(request);
+                ClaimChoice::Free(w) if self.free_wait_ms(request, w, fleet_seen) > 0 => {
+                    let wait_ms = self.free_wait_ms(request, w, fleet_seen);
                     return Ok((ClaimReply::Settling { wait_ms }, observed));
                 }
                 ClaimChoice::Free(w) => {
@@ -851,7 +882,11 @@ impl Registry for EtcdRegistry {
                     TxnOp::delete(claim_key, None),
                     TxnOp::put(marks_key, value, None),
                 ]);
-            if self.call(|c| Box::pin(c.txn(txn)))?.succeeded() {
+            let response = self.call(|c| Box::pin(c.txn(txn)))?;
+            if response.succeeded() {
+                if let Some(h) = response.header() {
+                    self.last_write = Some((datacenter_id, worker_id, h.revision()));
+                }
                 self.revoke_lease(lease);
                 return Ok(());
             }
