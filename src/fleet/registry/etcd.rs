@@ -728,7 +728,19 @@ impl Registry for EtcdRegistry {
             let settle = request
                 .timing()
                 .settle_wait_ms(settle_start(&record), earliest);
-            match claim::choose_worker(request.order, &holders, request.token, settle) {
+            let choice = claim::choose_worker(request.order, &holders, request.token, settle);
+            if let ClaimChoice::Settling(_) = choice {
+                // The free-id wait runs during the settling too: the first id that will be
+                // free starts its count now (same argument: the fleet record must stay).
+                if let Some(&w) = request
+                    .order
+                    .iter()
+                    .find(|w| !holders.iter().any(|(h, _)| h == *w))
+                {
+                    self.free_wait_ms(request, w, fleet_seen);
+                }
+            }
+            match choice {
                 ClaimChoice::Own(w) => {
                     // Chosen because this token holds it, so the key is in the snapshot.
                     let Some(&(_, _, lease, mod_revision)) = snapshot.claim(w) else {
