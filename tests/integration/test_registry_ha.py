@@ -493,6 +493,12 @@ class Prepared:
             job["bundle"].close()
 
 
+REGISTRY_HA_MAJOR = os.environ.get("SNOWFLAKE_REGISTRY_HA_MAJOR", "16")
+
+
+@unittest.skipUnless(PG_MAJOR == REGISTRY_HA_MAJOR,
+                     f"the registry HA suite runs on PostgreSQL {REGISTRY_HA_MAJOR} only "
+                     "(SNOWFLAKE_REGISTRY_HA_MAJOR)")
 class HABase(unittest.TestCase):
     TTL = 4.0
 
@@ -1088,8 +1094,13 @@ def coordinator_nodes(bundle):
     return pair, a, b, init_node(bundle, "cc", settings)
 
 
+# The coordinator with TLS runs on Debian's PostgreSQL 15, whatever the nodes' major: the
+# majors built from source by scripts/build-pg.sh have no SSL.
+SSL_COORDINATOR_BIN = "/usr/lib/postgresql/15/bin"
+
+
 def coordinator_tls(bundle):
-    pair = coordinator_pair(bundle, tls=test_ca())
+    pair = coordinator_pair(bundle, tls=test_ca(), bin_dir=SSL_COORDINATOR_BIN)
     uri = pair.uri("target_session_attrs=read-write&sslmode=verify-full")
     return (pair,) + tls_nodes(bundle, uri, COORD_TTL)
 
