@@ -46,6 +46,25 @@ use_run_dir() {
     chmod 755 "$SNOWFLAKE_RUN_DIR"
 }
 
+# require_free_space DIR GIB WHAT: stops the run at once, with the numbers and what to
+# delete, when the file system holding DIR has less than GIB GiB free. A full disk otherwise
+# shows up half an hour later as scattered "No space left on device" failures of unrelated
+# tests (initdb, openssl, etcd, inserts), which is how a CI run once failed.
+require_free_space() {
+    local dir="$1" need_gib="$2" what="$3" avail_kib
+    avail_kib="$(df --output=avail -k "$dir" | tail -1 | tr -d ' ')"
+    if [ "$avail_kib" -lt $((need_gib * 1024 * 1024)) ]; then
+        echo "error: $((avail_kib / 1024 / 1024)) GiB free on the file system of $dir; $what needs $need_gib GiB" >&2
+        local leftovers
+        leftovers="$(ls -d /var/tmp/snowflake-run.* 2>/dev/null | grep -v "^${SNOWFLAKE_RUN_DIR:-none}\$" || true)"
+        if [ -n "$leftovers" ]; then
+            echo "hint: the clusters and logs kept by earlier failed runs can be deleted:" >&2
+            du -sh $leftovers >&2 || true
+        fi
+        exit 1
+    fi
+}
+
 # Runs a command as the postgres OS user, keeping the given environment.
 as_postgres() { runuser -u postgres -- "$@"; }
 

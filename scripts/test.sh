@@ -15,6 +15,10 @@ export PG_MAJORS="${PG_MAJORS:-15 16 17 18}"
 # so that two runs on one machine do not collide; removed when every test passed.
 SNOWFLAKE_RUN_DIR=""
 use_run_dir
+# Measured peaks of a warm run: about 1.5 GiB of clusters and logs in the run directory, and
+# up to 9 GiB of cargo builds under target/ (four majors, debug and release) on a cold one.
+require_free_space "$SNOWFLAKE_RUN_DIR" 4 "this run's clusters and logs"
+require_free_space "$REPO_ROOT" 12 "a cold build of four majors under target/"
 
 "$REPO_ROOT/scripts/setup.sh"
 
