@@ -72,6 +72,7 @@ import psycopg
 
 import harness
 from harness import Cluster, as_postgres
+from registries import free_ports, signal_process
 from test_registry import TTL, Coordinator, Redis, alive, kill_server, node, wait_claimed
 
 TWITTER_EPOCH_MS = 1288834974657
@@ -819,20 +820,6 @@ class ChaosCoordinator(Coordinator):
 # ----------------------------------------------------------------------------------------
 # etcd (three members) and Redis Sentinel (a master, a replica, three sentinels)
 
-def free_ports(n):
-    """n distinct free loopback ports (held open while choosing, so none repeats)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def b64(text):
     return base64.b64encode(text.encode()).decode()
 
@@ -1017,17 +1004,7 @@ class ChaosEtcd:
         raise RuntimeError("etcd: no leader")
 
     def _signal(self, i, sig):
-        p = self.procs[i]
-        if p is None:
-            return
-        if p.poll() is None:
-            send(p.pid, signal.SIGCONT)
-            send(p.pid, sig)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            send(p.pid, signal.SIGKILL)
-            p.wait()
+        signal_process(self.procs[i], sig)
         self.procs[i] = None
         self.stopped[i] = False
 
@@ -1379,17 +1356,7 @@ class ChaosSentinel:
             and not self.stopped
 
     def _kill(self, port, sig=signal.SIGKILL):
-        p = self.procs.get(port)
-        if p is None:
-            return
-        if p.poll() is None:
-            send(p.pid, signal.SIGCONT)
-            send(p.pid, sig)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            send(p.pid, signal.SIGKILL)
-            p.wait()
+        signal_process(self.procs.get(port), sig)
         self.procs[port] = None
         self.stopped.discard(port)
 

@@ -46,18 +46,20 @@ def port_open(port, host="127.0.0.1"):
         return False
 
 
-def _kill(proc, sig=signal.SIGKILL):
-    """Signals a Popen if it still runs; reaps it after SIGKILL/SIGTERM."""
+def signal_process(proc, sig=signal.SIGKILL, timeout=15):
+    """Signals a Popen if it still runs, continuing it first (a stopped process must see its
+    SIGTERM). After SIGKILL or SIGTERM it is reaped: a SIGTERM not obeyed within `timeout`
+    seconds becomes a SIGKILL, so no caller waits forever on a wedged server."""
     if proc is None or proc.poll() is not None:
         return
     try:
-        os.kill(proc.pid, signal.SIGCONT)  # a stopped process must see its SIGTERM
+        os.kill(proc.pid, signal.SIGCONT)
         proc.send_signal(sig)
     except ProcessLookupError:
         return
     if sig in (signal.SIGKILL, signal.SIGTERM):
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -225,7 +227,7 @@ class EtcdCluster:
 
     def kill(self, i):
         """SIGKILL of member i."""
-        _kill(self.procs[i], signal.SIGKILL)
+        signal_process(self.procs[i], signal.SIGKILL)
         self.procs[i] = None
 
     def stop(self, i):
@@ -490,7 +492,7 @@ class SentinelSet:
     def close(self):
         """Kills every server and Sentinel and removes their directories."""
         for s in self.sentinels + self.servers:
-            _kill(s.proc, signal.SIGKILL)
+            signal_process(s.proc, signal.SIGKILL)
             s.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -545,7 +547,7 @@ class SentinelSet:
         """SIGKILL of the current master's process; returns its port."""
         port = self.master_port()
         s = self.server(port)
-        _kill(s.proc, signal.SIGKILL)
+        signal_process(s.proc, signal.SIGKILL)
         s.proc = None
         self.killed = s
         return port
@@ -693,7 +695,7 @@ class PasswordRedis:
 
     def restart_from(self, copy):
         """SIGKILL, then started again from `copy` (an older dump): a registry restored."""
-        _kill(self.proc)
+        signal_process(self.proc)
         shutil.copyfile(copy, os.path.join(self.dir, "dump.rdb"))
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -712,6 +714,6 @@ class PasswordRedis:
         return r.stdout.strip()
 
     def close(self):
-        _kill(self.proc)
+        signal_process(self.proc)
         self.proc = None
         shutil.rmtree(getattr(self, "dir", ""), ignore_errors=True)
