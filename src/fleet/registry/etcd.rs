@@ -133,7 +133,45 @@ impl Clock {
 enum Begun {
     Epoch(i64),
     Rejected(RequestAge),
-    Ready(Snapshot, FleetRecord, i64),
+    Ready(Ready),
+}
+
+/// A snapshot a step may act on: the fleet record matches the request's epoch and the
+/// request is fresh.
+struct Ready {
+    snapshot: Snapshot,
+    record: FleetRecord,
+    /// The fleet record's mod revision: keys written before it are from before the loss.
+    fleet_seen: i64,
+}
+
+/// The replies of the steps that begin with a snapshot (`claim` and `renew`): how each
+/// answers a fleet of another epoch and a request of the wrong age.
+trait StepReply: Sized {
+    fn other_epoch(registry_epoch_unix_ms: i64) -> Result<Self>;
+    fn rejected(age: RequestAge) -> Self;
+}
+
+impl StepReply for ClaimReply {
+    fn other_epoch(registry_epoch_unix_ms: i64) -> Result<Self> {
+        Ok(ClaimReply::EpochMismatch {
+            registry_epoch_unix_ms,
+        })
+    }
+    fn rejected(age: RequestAge) -> Self {
+        ClaimReply::Rejected(age)
+    }
+}
+
+impl StepReply for RenewReply {
+    fn other_epoch(_: i64) -> Result<Self> {
+        Err(RegistryError(
+            "the registry now records another epoch for the fleet".into(),
+        ))
+    }
+    fn rejected(age: RequestAge) -> Self {
+        RenewReply::Rejected(age)
+    }
 }
 
 impl EtcdRegistry {
@@ -501,11 +539,43 @@ impl EtcdRegistry {
                         return Ok((Begun::Epoch(record.epoch_unix_ms), observed));
                     }
                     return Ok(match clock.request_age(request) {
-                        RequestAge::Fresh => (Begun::Ready(snapshot, record, seen), observed),
+                        RequestAge::Fresh => (
+                            Begun::Ready(Ready {
+                                snapshot,
+                                record,
+                                fleet_seen: seen,
+                            }),
+                            observed,
+                        ),
                         age => (Begun::Rejected(age), observed),
                     });
                 }
             }
+        }
+        Err(self.contended())
+    }
+
+    /// Runs one step (a claim or a renewal): `decide` acts on a fresh snapshot, the fleet
+    /// record and the record's mod revision. It returns None when its write raced another
+    /// server's: the step starts over on a new snapshot, up to `ATTEMPTS` times.
+    fn step<R: StepReply>(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        mut decide: impl FnMut(&mut Self, Snapshot, FleetRecord, i64, &Observed) -> Result<Option<R>>,
+    ) -> Result<(R, Observed)> {
+        for _ in 0..ATTEMPTS {
+            let (begun, observed) = self.begin(request)?;
+            let reply = match begun {
+                Begun::Epoch(e) => R::other_epoch(e)?,
+                Begun::Rejected(age) => R::rejected(age),
+                Begun::Ready(r) => {
+                    match decide(self, r.snapshot, r.record, r.fleet_seen, &observed)? {
+                        Some(reply) => reply,
+                        None => continue,
+                    }
+                }
+            };
+            return Ok((reply, observed));
         }
         Err(self.contended())
     }
@@ -691,20 +761,7 @@ impl<T: Read + Write> ReadWrite for T {}
 
 impl Registry for EtcdRegistry {
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
-        for _ in 0..ATTEMPTS {
-            let (begun, observed) = self.begin(request)?;
-            let (snapshot, record, fleet_seen) = match begun {
-                Begun::Epoch(e) => {
-                    return Ok((
-                        ClaimReply::EpochMismatch {
-                            registry_epoch_unix_ms: e,
-                        },
-                        observed,
-                    ))
-                }
-                Begun::Rejected(age) => return Ok((ClaimReply::Rejected(age), observed)),
-                Begun::Ready(s, r, seen) => (s, r, seen),
-            };
+        self.step(request, |this, snapshot, record, fleet_seen, observed| {
             // A claim key older than the current incarnation may be one a restore brought
             // back after it had lapsed and gone to another server: it is not this server's
             // to take back by its token alone (only its holder, re-asserting within its
@@ -737,61 +794,48 @@ impl Registry for EtcdRegistry {
                     .iter()
                     .find(|w| !holders.iter().any(|(h, _)| h == *w))
                 {
-                    self.free_wait_ms(request, w, fleet_seen);
+                    this.free_wait_ms(request, w, fleet_seen);
                 }
             }
-            match choice {
+            Ok(match choice {
                 ClaimChoice::Own(w) => {
                     // Chosen because this token holds it, so the key is in the snapshot.
                     let Some(&(_, _, lease, mod_revision)) = snapshot.claim(w) else {
-                        continue;
+                        return Ok(None);
                     };
                     let marks = snapshot.marks(w);
-                    if self.hold_existing(
+                    let held = this.hold_existing(
                         request,
                         w,
                         (lease, mod_revision),
                         fleet_seen,
                         marks,
                         false,
-                    )? {
-                        return Ok((
-                            ClaimReply::Granted {
-                                worker_id: w,
-                                granted: Granted::Own,
-                                floor_unix_ms: marks.0.floor_unix_ms,
-                            },
-                            observed,
-                        ));
-                    }
+                    )?;
+                    held.then_some(ClaimReply::Granted {
+                        worker_id: w,
+                        granted: Granted::Own,
+                        floor_unix_ms: marks.0.floor_unix_ms,
+                    })
                 }
-                ClaimChoice::Free(w) if self.free_wait_ms(request, w, fleet_seen) > 0 => {
-                    let wait_ms = self.free_wait_ms(request, w, fleet_seen);
-                    return Ok((ClaimReply::Settling { wait_ms }, observed));
+                ClaimChoice::Free(w) if this.free_wait_ms(request, w, fleet_seen) > 0 => {
+                    let wait_ms = this.free_wait_ms(request, w, fleet_seen);
+                    Some(ClaimReply::Settling { wait_ms })
                 }
                 ClaimChoice::Free(w) => {
                     let marks = snapshot.marks(w);
                     let floor = marks.0.free_grant_floor();
-                    if self.hold_new(request, w, fleet_seen, marks, floor)? {
-                        return Ok((
-                            ClaimReply::Granted {
-                                worker_id: w,
-                                granted: Granted::Free,
-                                floor_unix_ms: floor,
-                            },
-                            observed,
-                        ));
-                    }
+                    let held = this.hold_new(request, w, fleet_seen, marks, floor)?;
+                    held.then_some(ClaimReply::Granted {
+                        worker_id: w,
+                        granted: Granted::Free,
+                        floor_unix_ms: floor,
+                    })
                 }
-                ClaimChoice::Settling(wait_ms) => {
-                    return Ok((ClaimReply::Settling { wait_ms }, observed))
-                }
-                ClaimChoice::Exhausted(taken) => {
-                    return Ok((ClaimReply::Exhausted { taken }, observed))
-                }
-            }
-        }
-        Err(self.contended())
+                ClaimChoice::Settling(wait_ms) => Some(ClaimReply::Settling { wait_ms }),
+                ClaimChoice::Exhausted(taken) => Some(ClaimReply::Exhausted { taken }),
+            })
+        })
     }
 
     fn renew(
@@ -800,17 +844,7 @@ impl Registry for EtcdRegistry {
         worker_id: u8,
         reassert_known_born: Option<i64>,
     ) -> Result<(RenewReply, Observed)> {
-        for _ in 0..ATTEMPTS {
-            let (begun, observed) = self.begin(request)?;
-            let (snapshot, record, fleet_seen) = match begun {
-                Begun::Epoch(_) => {
-                    return Err(RegistryError(
-                        "the registry now records another epoch for the fleet".into(),
-                    ))
-                }
-                Begun::Rejected(age) => return Ok((RenewReply::Rejected(age), observed)),
-                Begun::Ready(s, r, seen) => (s, r, seen),
-            };
+        self.step(request, |this, snapshot, record, fleet_seen, observed| {
             let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
             let reassert = reassert_known_born.is_some_and(|known| {
                 request
@@ -823,7 +857,7 @@ impl Registry for EtcdRegistry {
                 Some((_, token, lease, mod_revision))
                     if token == request.token && *mod_revision > fleet_seen =>
                 {
-                    self.hold_existing(
+                    this.hold_existing(
                         request,
                         worker_id,
                         (*lease, *mod_revision),
@@ -837,9 +871,9 @@ impl Registry for EtcdRegistry {
                 // holder whose fence still holds, while the registry settles.
                 Some((_, token, lease, mod_revision)) if token == request.token => {
                     if !reassert {
-                        return Ok((RenewReply::Lost { holder: None }, observed));
+                        return Ok(Some(RenewReply::Lost { holder: None }));
                     }
-                    self.hold_existing(
+                    this.hold_existing(
                         request,
                         worker_id,
                         (*lease, *mod_revision),
@@ -848,22 +882,16 @@ impl Registry for EtcdRegistry {
                         true,
                     )?
                 }
-                None if reassert => self.hold_new(request, worker_id, fleet_seen, marks, None)?,
+                None if reassert => this.hold_new(request, worker_id, fleet_seen, marks, None)?,
                 Some((_, token, _, _)) => {
-                    return Ok((
-                        RenewReply::Lost {
-                            holder: Some(token.clone()),
-                        },
-                        observed,
-                    ))
+                    return Ok(Some(RenewReply::Lost {
+                        holder: Some(token.clone()),
+                    }))
                 }
-                None => return Ok((RenewReply::Lost { holder: None }, observed)),
+                None => return Ok(Some(RenewReply::Lost { holder: None })),
             };
-            if held {
-                return Ok((RenewReply::Renewed, observed));
-            }
-        }
-        Err(self.contended())
+            Ok(held.then_some(RenewReply::Renewed))
+        })
     }
 
     fn release(
@@ -904,5 +932,11 @@ impl Registry for EtcdRegistry {
             }
         }
         Err(self.contended())
+    }
+
+    fn password(&self) -> Option<&str> {
+        self.credentials
+            .as_ref()
+            .map(|(_, password)| password.as_str())
     }
 }
