@@ -96,75 +96,65 @@ pub fn init(preloading: bool) {
             GucContext::Sighup
         }
     };
-    let placeholders = CHECKED_BY_POSTGRES.map(placeholder_value);
-    // SAFETY: the hooks cannot panic; they only clear per-backend caches or flags.
-    unsafe {
-        GucRegistry::define_string_guc_with_hooks(
+    // The string settings have no hooks: the library, not PostgreSQL, checks their values
+    // (see the module comment).
+    type StringSetting = (
+        &'static CStr,
+        &'static CStr,
+        &'static CStr,
+        &'static GucSetting<Option<CString>>,
+        GucFlags,
+    );
+    let strings: [StringSetting; 6] = [
+        (
             c"snowflake.worker_id",
             c"Worker id (0-31) stored in bits 12-16 of every ID this server generates, or auto.",
             c"Required: snowflake_next() refuses to run until it is set. Give every server that generates IDs its own worker/datacenter pair, or set auto to claim one from snowflake.registry.",
             &WORKER_ID,
-            context(),
             GucFlags::default(),
-            None,
-            None,
-            None,
-        );
-        GucRegistry::define_string_guc_with_hooks(
+        ),
+        (
             c"snowflake.datacenter_id",
             c"Datacenter id (0-31) stored in bits 17-21 of every ID this server generates.",
             c"Defaults to 0.",
             &DATACENTER_ID,
-            context(),
             GucFlags::default(),
-            None,
-            None,
-            None,
-        );
-        GucRegistry::define_string_guc_with_hooks(
+        ),
+        (
             c"snowflake.epoch",
             c"Time that ID timestamp 0 stands for: an ISO-8601 timestamp with time zone, or Unix milliseconds.",
             c"Fixed for the lifetime of a cluster once the first ID is generated. Defaults to Twitter's epoch.",
             &EPOCH,
-            context(),
             GucFlags::default(),
-            None,
-            None,
-            None,
-        );
-        GucRegistry::define_string_guc_with_hooks(
+        ),
+        (
             c"snowflake.registry",
             c"Registry that hands out worker ids when snowflake.worker_id = auto: redis[s]://HOST:PORT[/DB], redis[s]+sentinel://HOST:PORT[,...]/MASTER[/DB], postgresql://USER@HOST:PORT[,...]/DB or etcd[s]://HOST:PORT[,...][/PREFIX].",
             c"Only superusers can read it (it may hold a password; snowflake.registry_password_file keeps it out).",
             &REGISTRY,
-            context(),
             GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
-        GucRegistry::define_string_guc_with_hooks(
+        ),
+        (
             c"snowflake.registry_ca_file",
             c"CA certificates (PEM) that TLS connections to the registry trust: rediss://, etcds://, and the coordinator's sslmode=verify-ca/verify-full without sslrootcert.",
             c"Empty: the system's trusted certificates.",
             &REGISTRY_CA_FILE,
-            context(),
             GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
-        GucRegistry::define_string_guc_with_hooks(
+        ),
+        (
             c"snowflake.registry_password_file",
             c"File holding the registry's password, so that snowflake.registry need not: its first line for Redis and etcd, .pgpass lines for a PostgreSQL coordinator.",
             c"It must belong to the server's OS user with mode 0600 or stricter.",
             &REGISTRY_PASSWORD_FILE,
-            context(),
             GucFlags::SUPERUSER_ONLY,
-            None,
-            None,
-            None,
-        );
+        ),
+    ];
+    for (name, short, long, cell, flags) in strings {
+        GucRegistry::define_string_guc(name, short, long, cell, context(), flags);
+    }
+    let placeholders = CHECKED_BY_POSTGRES.map(placeholder_value);
+    // SAFETY: the hooks cannot panic; they only clear per-backend caches or flags.
+    unsafe {
         GucRegistry::define_int_guc_with_hooks(
             CHECKED_BY_POSTGRES[CLAIM_TTL_SLOT],
             c"How long the registry keeps a worker id claim after its last renewal.",
