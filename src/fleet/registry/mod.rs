@@ -163,6 +163,9 @@ pub trait Registry {
         token: &str,
         released_unix_ms: Option<i64>,
     ) -> Result<()>;
+    /// The password this client sends (from the URI or a password file), which no error
+    /// may show.
+    fn password(&self) -> Option<&str>;
 }
 
 /// Which kind of registry a `snowflake.registry` URI names.
@@ -205,20 +208,10 @@ pub struct Options {
 }
 
 /// Opens a client for `uri` (connecting lazily). Every error it returns, now and from its
-/// requests, has the URI's secrets and the password file's password removed: client
-/// libraries may quote what they parsed.
+/// requests, has the URI's secrets and the password the client sends removed: client
+/// libraries may quote what they parsed. (Opening reads the password file but sends
+/// nothing, so its own errors can only quote the URI.)
 pub fn open(uri: &str, options: &Options) -> Result<Box<dyn Registry>> {
-    let mut secrets = Vec::new();
-    if let Some(file) = &options.password_file {
-        if let Ok(text) = std::fs::read_to_string(file) {
-            secrets.extend(
-                text.lines()
-                    .filter(|l| !l.is_empty())
-                    .map(|l| l.rsplit(':').next().unwrap_or(l).to_string()),
-            );
-            secrets.extend(text.lines().filter(|l| !l.is_empty()).map(str::to_string));
-        }
-    }
     let opened: Result<Box<dyn Registry>> = match kind_of(uri) {
         Some(Kind::Redis | Kind::Sentinel) => {
             RedisRegistry::new(uri, options).map(|r| Box::new(r) as _)
@@ -232,11 +225,11 @@ pub fn open(uri: &str, options: &Options) -> Result<Box<dyn Registry>> {
     };
     match opened {
         Ok(inner) => Ok(Box::new(WithoutSecrets {
+            secrets: inner.password().map(str::to_string).into_iter().collect(),
             inner,
             uri: uri.to_string(),
-            secrets,
         })),
-        Err(e) => Err(e.without_secrets_of(uri, &secrets)),
+        Err(e) => Err(e.without_secrets_of(uri, &[])),
     }
 }
 
@@ -340,6 +333,10 @@ impl Registry for WithoutSecrets {
         self.inner
             .release(datacenter_id, worker_id, token, released_unix_ms)
             .map_err(|e| e.without_secrets_of(&self.uri, &self.secrets))
+    }
+
+    fn password(&self) -> Option<&str> {
+        self.inner.password()
     }
 }
 

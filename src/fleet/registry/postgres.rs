@@ -456,4 +456,10 @@ impl Registry for PgRegistry {
             Ok(())
         })
     }
+
+    fn password(&self) -> Option<&str> {
+        self.config
+            .get_password()
+            .and_then(|p| std::str::from_utf8(p).ok())
+    }
 }

@@ -121,6 +121,9 @@ pub struct RedisRegistry {
     claim: redis::Script,
     renew: redis::Script,
     release: redis::Script,
+    /// The password sent to the Redis servers (not to the sentinels), for
+    /// [`Registry::password`].
+    password: Option<String>,
 }
 
 /// Where requests go.
@@ -210,7 +213,7 @@ impl RedisRegistry {
             Some(file) => Some(super::read_password_file(file)?),
             None => None,
         };
-        let target = if lower.starts_with("redis+sentinel://")
+        let (target, password) = if lower.starts_with("redis+sentinel://")
             || lower.starts_with("rediss+sentinel://")
         {
             let parsed = parse_multi_host(uri, 26379).map_err(RegistryError)?;
@@ -248,12 +251,14 @@ impl RedisRegistry {
                 .iter()
                 .map(|h| sentinel_params.client(h))
                 .collect::<Result<Vec<_>>>()?;
-            Target::Sentinel(Sentinels {
+            let password = server.password.clone();
+            let sentinels = Target::Sentinel(Sentinels {
                 connections: sentinels.iter().map(|_| None).collect(),
                 sentinels,
                 master,
                 server,
-            })
+            });
+            (sentinels, password)
         } else {
             let mut info = redis::IntoConnectionInfo::into_connection_info(uri)?;
             if info.redis_settings().password().is_none() {
@@ -263,7 +268,9 @@ impl RedisRegistry {
                 }
             }
             let secure = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
-            Target::Direct(client_for(info, secure, ca_pem.as_ref())?)
+            let password = info.redis_settings().password().map(str::to_string);
+            let client = client_for(info, secure, ca_pem.as_ref())?;
+            (Target::Direct(client), password)
         };
         Ok(RedisRegistry {
             target,
@@ -274,6 +281,7 @@ impl RedisRegistry {
             claim: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_CLAIM}")),
             renew: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_RENEW}")),
             release: redis::Script::new(REDIS_RELEASE),
+            password,
         })
     }
 
@@ -603,5 +611,9 @@ impl Registry for RedisRegistry {
                 .invoke(con)?;
             Ok(())
         })
+    }
+
+    fn password(&self) -> Option<&str> {
+        self.password.as_deref()
     }
 }
