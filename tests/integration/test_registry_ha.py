@@ -503,7 +503,14 @@ class HABase(unittest.TestCase):
     TTL = 4.0
 
     @classmethod
-    def prepare(cls, **builds):
+    def prepare(cls, tls=None, password=None, **builds):
+        """Starts building every fixture at once. The `tls` and `password` fixtures are
+        built only if the installed extension has the setting they need (the suite also
+        runs against older builds, to show what they get wrong); their tests skip if not."""
+        if tls and has_setting("snowflake.registry_ca_file"):
+            builds["tls"] = tls
+        if password and has_setting("snowflake.registry_password_file"):
+            builds["password"] = password
         cls.prep = Prepared()
         cls.addClassCleanup(cls.prep.close)
         for key, build in builds.items():
@@ -563,6 +570,17 @@ class HABase(unittest.TestCase):
                              f"{w.summary(since)}")
         return [round(w.resume_time(since), 2) for w in writers]
 
+    def check_password(self, password, good, *refused):
+        """The node given the password in its file issues; each refused node (no password,
+        a wrong one) claims nothing and its error says why; the password is in no log."""
+        self.assertEqual(len(set(good.one("SELECT snowflake_next_batch(1000)"))), 1000)
+        for n in refused:
+            e = wait_claim_error(n, lambda t: "auth" in t.lower() or "password" in t.lower())
+            self.assertNotEqual(claim_state(n)[0], "held")
+            log(f"{n.name} refused: {error_text(e)[:200]}")
+        for n in (good, *refused):
+            self.assertNotIn(password, n.log())
+
     def check_tls(self, fixture, scheme_word):
         """A node trusting the test CA claimed and issues; a node trusting an unrelated CA
         claims nothing, and its error names the registry and the certificate problem."""
@@ -575,6 +593,38 @@ class HABase(unittest.TestCase):
         self.assertIn(scheme_word, error_text(e))
         self.assertNotEqual(claim_state(wrong)[0], "held")
         log(f"wrong CA: {error_text(e)[:300]}")
+
+
+def started(bundle, registry):
+    """`registry` started, and closed with the bundle."""
+    bundle.addCleanup(registry.close)
+    registry.start()
+    return registry
+
+
+def two_holders(bundle, uri, ttl, prefix, newcomer):
+    """Two nodes holding claims on the registry at `uri`, and a third initialized but not
+    started when `newcomer` (else None)."""
+    settings = node_settings(uri, ttl)
+    a, b = start_nodes(bundle, [(prefix + "a", settings), (prefix + "b", settings)])
+    wa, wb = wait_claimed(a, timeout=2 * ttl + 20), wait_claimed(b, timeout=2 * ttl + 20)
+    assert wa != wb, (wa, wb)
+    return a, b, (init_node(bundle, prefix + "c", settings) if newcomer else None)
+
+
+def two_holders_and_a_waiter(bundle, uri, ttl, prefix):
+    """Three nodes on a registry whose datacenter has only two free ids (the caller has
+    squatted the rest): returns the two that hold them, then the one left waiting."""
+    settings = node_settings(uri, ttl)
+    nodes = start_nodes(bundle, [(prefix + x, settings) for x in "abc"])
+
+    def holders():
+        return [n for n in nodes if claim_state(n)[0] == "held"]
+    wait_until(lambda: len(holders()) == 2, timeout=2 * ttl + 20,
+               what="two of the three nodes holding the two free ids")
+    a, b = holders()
+    (c,) = [n for n in nodes if n not in (a, b)]
+    return a, b, c
 
 
 def tls_nodes(bundle, uri, ttl):
@@ -592,21 +642,13 @@ def tls_nodes(bundle, uri, ttl):
 # etcd
 
 def etcd_cluster(bundle, **kw):
-    e = EtcdCluster(3, election_ms=ETCD_ELECTION_MS, **kw)
-    bundle.addCleanup(e.close)
-    e.start()
-    return e
+    return started(bundle, EtcdCluster(3, election_ms=ETCD_ELECTION_MS, **kw))
 
 
 def etcd_pair(bundle, newcomer=False):
     """A new etcd cluster and two nodes holding claims (and a third node, initialized)."""
     etcd = etcd_cluster(bundle)
-    settings = node_settings(etcd.uri(), ETCD_TTL)
-    a, b = start_nodes(bundle, [("ea", settings), ("eb", settings)])
-    wa, wb = wait_claimed(a, timeout=2 * ETCD_TTL + 20), wait_claimed(b, timeout=2 * ETCD_TTL + 20)
-    assert wa != wb, (wa, wb)
-    c = init_node(bundle, "ec", settings) if newcomer else None
-    return etcd, a, b, c
+    return (etcd,) + two_holders(bundle, etcd.uri(), ETCD_TTL, "e", newcomer)
 
 
 # The restore scenario renews fast so that the holder's freeze and the lapse fit in seconds.
@@ -626,16 +668,7 @@ def etcd_trio(bundle):
     third waiting for one."""
     etcd = etcd_cluster(bundle)
     etcd_squat(etcd, range(2, 32))
-    settings = node_settings(etcd.uri(), ETCD_RESTORE_TTL)
-    nodes = start_nodes(bundle, [("ra", settings), ("rb", settings), ("rc", settings)])
-
-    def holders():
-        return [n for n in nodes if claim_state(n)[0] == "held"]
-    wait_until(lambda: len(holders()) == 2, timeout=2 * ETCD_RESTORE_TTL + 20,
-               what="two of the three nodes holding the two free ids")
-    a, b = holders()
-    (c,) = [n for n in nodes if n not in (a, b)]
-    return etcd, a, b, c
+    return (etcd,) + two_holders_and_a_waiter(bundle, etcd.uri(), ETCD_RESTORE_TTL, "r")
 
 
 ETCD_TLS_PREFIX = "/fleet-a/ids"
@@ -671,13 +704,9 @@ class EtcdRegistry(HABase):
     @classmethod
     def setUpClass(cls):
         require(cls, "etcd://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
-        builds = {"leader": etcd_pair, "frozen": etcd_pair,
-                  "wiped": lambda b: etcd_pair(b, newcomer=True), "restored": etcd_trio}
-        if has_setting("snowflake.registry_ca_file"):
-            builds["tls"] = etcd_tls
-        if has_setting("snowflake.registry_password_file"):
-            builds["auth"] = etcd_auth
-        cls.prepare(**builds)
+        cls.prepare(leader=etcd_pair, frozen=etcd_pair,
+                    wiped=lambda b: etcd_pair(b, newcomer=True), restored=etcd_trio,
+                    tls=etcd_tls, password=etcd_auth)
 
     def members_in_use(self, etcd, nodes):
         """{member index: connections of the nodes' registry workers to it}."""
@@ -840,14 +869,10 @@ class EtcdRegistry(HABase):
     def test_password_file_with_auth(self):
         """Authentication on: the user in the URI, its password only in
         snowflake.registry_password_file. A wrong password claims nothing."""
-        if "auth" not in self.prep.jobs:
+        if "password" not in self.prep.jobs:
             self.skipTest("no snowflake.registry_password_file")
-        etcd, ok, ko = self.take("auth")
-        self.assertEqual(len(set(ok.one("SELECT snowflake_next_batch(1000)"))), 1000)
-        e = wait_claim_error(ko, lambda t: "auth" in t.lower() or "password" in t.lower())
-        log(f"wrong etcd password: {error_text(e)[:300]}")
-        for c in (ok, ko):
-            self.assertNotIn(ETCD_PASSWORD, c.log())
+        etcd, ok, ko = self.take("password")
+        self.check_password(ETCD_PASSWORD, ok, ko)
         self.assertIn("/snowflake/", etcd.etcdctl("get", "--prefix", "--keys-only", "/snowflake").stdout)
 
 
@@ -855,19 +880,12 @@ class EtcdRegistry(HABase):
 # Redis Sentinel
 
 def sentinel_set(bundle, **kw):
-    s = SentinelSet(**kw)
-    bundle.addCleanup(s.close)
-    s.start()
-    return s
+    return started(bundle, SentinelSet(**kw))
 
 
 def sentinel_pair(bundle):
     s = sentinel_set(bundle)
-    settings = node_settings(s.uri(), SENTINEL_TTL)
-    a, b = start_nodes(bundle, [("sa", settings), ("sb", settings)])
-    wa, wb = wait_claimed(a), wait_claimed(b)
-    assert wa != wb, (wa, wb)
-    return s, a, b, init_node(bundle, "sc", settings)
+    return (s,) + two_holders(bundle, s.uri(), SENTINEL_TTL, "s", newcomer=True)
 
 
 def sentinel_tls(bundle):
@@ -893,12 +911,7 @@ class SentinelRegistry(HABase):
     @classmethod
     def setUpClass(cls):
         require(cls, "redis+sentinel://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/snowflake")
-        builds = {"failover": sentinel_pair}
-        if has_setting("snowflake.registry_ca_file"):
-            builds["tls"] = sentinel_tls
-        if has_setting("snowflake.registry_password_file"):
-            builds["password"] = sentinel_password
-        cls.prepare(**builds)
+        cls.prepare(failover=sentinel_pair, tls=sentinel_tls, password=sentinel_password)
 
     def test_master_killed_sentinels_fail_over_nodes_resume(self):
         """SIGKILL of the master; the Sentinels promote the replica. The nodes issue again by
@@ -945,10 +958,9 @@ class SentinelRegistry(HABase):
         if "password" not in self.prep.jobs:
             self.skipTest("no snowflake.registry_password_file")
         s, a = self.take("password")
+        self.check_password(SENTINEL_PASSWORD, a)
         w = claim_state(a)[1]
-        self.assertEqual(len(set(a.one("SELECT snowflake_next_batch(1000)"))), 1000)
         self.assertEqual(s.cli(s.master_port(), "EXISTS", f"snowflake:claim:{DC}:{w}"), "1")
-        self.assertNotIn(SENTINEL_PASSWORD, a.log())
 
 
 # --------------------------------------------------------------------------------------
@@ -984,16 +996,7 @@ def redis_trio(bundle):
     bundle.addCleanup(r.close)
     for w in range(2, 32):
         r.cli("SET", f"snowflake:claim:{DC}:{w}", f"fake-{w}", "PX", "3600000")
-    settings = node_settings(r.uri(), REDIS_RESTORE_TTL)
-    nodes = start_nodes(bundle, [("qa", settings), ("qb", settings), ("qc", settings)])
-
-    def holders():
-        return [n for n in nodes if claim_state(n)[0] == "held"]
-    wait_until(lambda: len(holders()) == 2, timeout=2 * REDIS_RESTORE_TTL + 20,
-               what="two of the three nodes holding the two free ids")
-    a, b = holders()
-    (c,) = [n for n in nodes if n not in (a, b)]
-    return r, a, b, c
+    return (r,) + two_holders_and_a_waiter(bundle, r.uri(), REDIS_RESTORE_TTL, "q")
 
 
 class RedisRestored(HABase):
@@ -1065,33 +1068,23 @@ class RedisPasswordFile(HABase):
         one whose file others can read claim nothing; the password is in no log."""
         r, ok, nopw, lax = self.take("password")
         w = wait_claimed(ok)
-        self.assertEqual(len(set(ok.one("SELECT snowflake_next_batch(1000)"))), 1000)
+        self.check_password(REDIS_PASSWORD, ok, nopw)
         self.assertEqual(r.cli("EXISTS", f"snowflake:claim:{DC}:{w}"), "1")
-        e = wait_claim_error(nopw, lambda t: "auth" in t.lower() or "password" in t.lower())
-        log(f"no password: {error_text(e)[:200]}")
         e = wait_claim_error(lax, lambda t: "0600" in t or "mode" in t.lower())
         log(f"lax file: {error_text(e)[:200]}")
-        for c in (ok, nopw, lax):
-            self.assertNotIn(REDIS_PASSWORD, c.log())
+        self.assertNotIn(REDIS_PASSWORD, lax.log())
 
 
 # --------------------------------------------------------------------------------------
 # PostgreSQL coordinator with a standby
 
 def coordinator_pair(bundle, **kw):
-    p = CoordinatorPair(**kw)
-    bundle.addCleanup(p.close)
-    p.start()
-    return p
+    return started(bundle, CoordinatorPair(**kw))
 
 
 def coordinator_nodes(bundle):
     pair = coordinator_pair(bundle)
-    settings = node_settings(pair.uri(), COORD_TTL)
-    a, b = start_nodes(bundle, [("ca", settings), ("cb", settings)])
-    wa, wb = wait_claimed(a), wait_claimed(b)
-    assert wa != wb, (wa, wb)
-    return pair, a, b, init_node(bundle, "cc", settings)
+    return (pair,) + two_holders(bundle, pair.uri(), COORD_TTL, "c", newcomer=True)
 
 
 # The coordinator with TLS runs on Debian's PostgreSQL 15, whatever the nodes' major: the
@@ -1125,12 +1118,8 @@ class CoordinatorFailover(HABase):
     @classmethod
     def setUpClass(cls):
         require(cls, "postgresql://u@127.0.0.1:1,127.0.0.1:2/db?target_session_attrs=read-write")
-        builds = {"failover": coordinator_nodes}
-        if has_setting("snowflake.registry_ca_file"):
-            builds["tls"] = coordinator_tls
-        if has_setting("snowflake.registry_password_file"):
-            builds["password"] = coordinator_password
-        cls.prepare(**builds)
+        cls.prepare(failover=coordinator_nodes, tls=coordinator_tls,
+                    password=coordinator_password)
 
     def test_primary_killed_standby_promoted_nodes_resume(self):
         """The coordinator's primary stops at once (immediate), its standby is promoted; the
@@ -1181,10 +1170,7 @@ class CoordinatorFailover(HABase):
         if "password" not in self.prep.jobs:
             self.skipTest("no snowflake.registry_password_file")
         pair, a, nopw = self.take("password")
-        self.assertEqual(len(set(a.one("SELECT snowflake_next_batch(1000)"))), 1000)
-        self.assertNotIn(COORD_PASSWORD, a.log())
-        e = wait_claim_error(nopw, lambda t: "password" in t.lower() or "auth" in t.lower())
-        log(f"no password: {error_text(e)[:200]}")
+        self.check_password(COORD_PASSWORD, a, nopw)
 
 
 if __name__ == "__main__":
