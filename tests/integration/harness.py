@@ -10,6 +10,7 @@ import glob
 import os
 import shutil
 import subprocess
+import threading
 import time
 
 import psycopg
@@ -298,3 +299,52 @@ def error_of(conn, query, params=None):
     except psycopg.Error as e:
         return e
     raise AssertionError(f"expected an error from: {query}")
+
+
+class BatchClient(threading.Thread):
+    """A client issuing snowflake_next_batch(`batch`) in a loop on its own session, keeping
+    the highest ID of each returned batch in `returned` (what an application saw), until
+    stopped or until a statement fails (the first error is kept in `failures`; a test that
+    kills the server expects one). `then` runs after each batch on the same session.
+    Used as a context manager: started on entry, stopped and joined on exit."""
+
+    def __init__(self, pg, batch=500, pause=0.01, then=None):
+        super().__init__(daemon=True)
+        self.pg, self.batch, self.pause, self.then = pg, batch, pause, then
+        self.returned, self.failures = [], []
+        self.halt = threading.Event()
+
+    def run(self):
+        try:
+            with self.pg.connect() as conn:
+                while not self.halt.is_set():
+                    self.returned.append(conn.execute(
+                        "SELECT max(x) FROM unnest(snowflake_next_batch(%s)) x",
+                        (self.batch,)).fetchone()[0])
+                    if self.then:
+                        conn.execute(self.then)
+                    time.sleep(self.pause)
+        except psycopg.Error as e:
+            self.failures.append(e)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.halt.set()
+        self.join()
+
+
+def timed_one(test, pg, query, timeout):
+    """Runs `query` on a new session with `statement_timeout`; fails the test with the
+    SQLSTATE, the message and the time taken if it raises. Returns (its value, seconds)."""
+    with pg.connect() as conn:
+        conn.execute(f"SET statement_timeout = '{timeout}'")
+        started = time.monotonic()
+        try:
+            value = conn.execute(query).fetchone()[0]
+        except psycopg.Error as e:
+            test.fail(f"{query} failed after {time.monotonic() - started:.2f} s: "
+                      f"{e.sqlstate} {e.diag.message_primary}")
+        return value, time.monotonic() - started

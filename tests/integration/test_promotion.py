@@ -11,13 +11,12 @@ with ALTER SYSTEM and a reload. Measured figures are printed to stderr.
 import os
 import signal
 import sys
-import threading
 import time
 import unittest
 
 import psycopg
 
-from harness import wait_until
+from harness import BatchClient, timed_one, wait_until
 from test_replication import start_pair
 
 
@@ -52,21 +51,8 @@ def kill_walreceiver_and_wait(standby, pid):
 
 
 def timed_first_id(test, pg, timeout="3s"):
-    """snowflake_next() on a new session with `statement_timeout`; fails the test with the
-    SQLSTATE and message if it raises. Returns (id, seconds)."""
-    with pg.connect() as conn:
-        conn.execute(f"SET statement_timeout = '{timeout}'")
-        started = time.monotonic()
-        try:
-            first = conn.execute("SELECT snowflake_next()").fetchone()[0]
-        except psycopg.Error as e:
-            took = time.monotonic() - started
-            failure = f"snowflake_next() failed after {took:.2f} s: {e.sqlstate} " \
-                      f"{e.diag.message_primary}"
-            note(failure)
-            test.fail(failure)
-        took = time.monotonic() - started
-    return first, took
+    """snowflake_next() on a new session (see timed_one). Returns (id, seconds)."""
+    return timed_one(test, pg, "SELECT snowflake_next()", timeout)
 
 
 class SynchronousStall(unittest.TestCase):
@@ -97,19 +83,8 @@ class SynchronousStall(unittest.TestCase):
         self.assertGreater(primary.stats()["lease_writes"] - before, 5)
         standby.wait_replayed(primary)  # the standby flushed (and reported) the records
         set_sync_names(primary, "*")
-        with primary.connect() as conn:
-            conn.execute("SET statement_timeout = '4s'")
-            started = time.monotonic()
-            try:
-                count = conn.execute("SELECT count(*) FROM (SELECT snowflake_next()"
-                                     " FROM generate_series(1, 20000)) s").fetchone()[0]
-            except psycopg.Error as e:
-                took = time.monotonic() - started
-                failure = f"the synchronous session failed after {took:.2f} s: " \
-                          f"{e.sqlstate} {e.diag.message_primary}"
-                note(failure)
-                self.fail(failure)
-            took = time.monotonic() - started
+        count, took = timed_one(self, primary, "SELECT count(*) FROM (SELECT snowflake_next()"
+                                " FROM generate_series(1, 20000)) s", "4s")
         note(f"20,000 IDs in the synchronous session took {took:.3f} s")
         self.assertEqual(count, 20000)
         self.assertLess(took, 2.0)
@@ -228,34 +203,16 @@ class Promotion(unittest.TestCase):
         (distinct, all above the first).
         Fault used: SIGSTOP/SIGKILL of the WAL receiver, stop -m immediate of the primary."""
         primary, standby = start_pair(self, "unclean", 29)
-        returned, failures = [], []
-        stop = threading.Event()
-
-        def client():
-            with primary.connect() as conn:
-                while not stop.is_set():
-                    try:
-                        returned.append(conn.execute(
-                            "SELECT max(x) FROM unnest(snowflake_next_batch(500)) x").fetchone()[0])
-                    except psycopg.Error as e:
-                        failures.append(e)  # the primary died (or a test failure, below)
-                        return
-                    time.sleep(0.01)
-
-        th = threading.Thread(target=client)
-        th.start()
-        try:
-            wait_until(lambda: len(returned) >= 20 or failures, what="the client issuing")
-            self.assertEqual(failures, [])
+        with BatchClient(primary) as client:
+            wait_until(lambda: len(client.returned) >= 20 or client.failures,
+                       what="the client issuing")
+            self.assertEqual(client.failures, [])
             standby.wait_replayed(primary)  # streaming: the standby saw the primary's clock
             walreceiver = standby.walreceiver_pid()
             os.kill(walreceiver, signal.SIGSTOP)
             time.sleep(2.0)  # two lease windows the standby never receives
             primary.stop("immediate")
-        finally:
-            stop.set()
-            th.join()
-        highest = max(returned)
+        highest = max(client.returned)
         kill_walreceiver_and_wait(standby, walreceiver)
         standby.promote()
         self.assertFalse(standby.one("SELECT pg_is_in_recovery()"))

@@ -15,7 +15,7 @@ import unittest
 
 import psycopg
 
-from harness import PG_BIN, Cluster, as_postgres, error_of, wait_until
+from harness import PG_BIN, BatchClient, Cluster, as_postgres, error_of, wait_until
 
 PRELOAD = "'snowflake'"
 
@@ -335,19 +335,7 @@ class BaseBackup(unittest.TestCase):
         self.addCleanup(standby.destroy)
         primary.start()
         primary.sql("CREATE EXTENSION snowflake")
-        returned = []
-        stop = threading.Event()
-
-        def client():
-            with primary.connect() as conn:
-                while not stop.is_set():
-                    returned.append(conn.execute(
-                        "SELECT max(x) FROM unnest(snowflake_next_batch(200)) x").fetchone()[0])
-                    time.sleep(0.002)
-
-        th = threading.Thread(target=client)
-        th.start()
-        try:
+        with BatchClient(primary, batch=200, pause=0.002) as client:
             time.sleep(0.5)
             writes_before = primary.stats()["lease_writes"]
             standby.init_standby_of(primary)  # the copy runs while leases renew
@@ -355,12 +343,10 @@ class BaseBackup(unittest.TestCase):
             standby.start()
             standby.walreceiver_pid()
             time.sleep(1.0)
-        finally:
-            stop.set()
-            th.join()
+        self.assertEqual(client.failures, [])
         self.assertGreater(writes_during, 5, "no lease was renewed during the base backup")
         standby.wait_replayed(primary)
-        highest = max(returned)
+        highest = max(client.returned)
         primary.stop("immediate")
         standby.promote()
         with standby.connect() as conn:
@@ -427,30 +413,15 @@ class AsynchronousFailover(unittest.TestCase):
             snowflake__lease_window="'1s'", snowflake__max_clock_drift="'1s'",
             snowflake__clock_behind_action="'error'", snowflake__max_clock_wait="'30s'")
         primary.sql("CREATE TABLE t (id bigint PRIMARY KEY DEFAULT snowflake_next(), n int)")
-        returned = []
-        stop = threading.Event()
-
-        def client():
-            with primary.connect() as conn:
-                while not stop.is_set():
-                    try:
-                        returned.append(conn.execute(
-                            "SELECT max(x) FROM unnest(snowflake_next_batch(500)) x").fetchone()[0])
-                        conn.execute("INSERT INTO t (n) SELECT g FROM generate_series(1, 50) g")
-                    except psycopg.Error:
-                        return  # the primary died
-                    time.sleep(0.01)
-
-        th = threading.Thread(target=client)
-        th.start()
-        time.sleep(2.5)  # streaming: the standby sees the primary's clock
-        walreceiver = standby.walreceiver_pid()
-        os.kill(walreceiver, signal.SIGSTOP)
-        time.sleep(3.0)  # three more lease windows the standby never receives
-        primary.stop("immediate")
-        stop.set()
-        th.join()
-        highest = max(returned)
+        with BatchClient(primary, then="INSERT INTO t (n) SELECT g FROM generate_series(1, 50) g"
+                         ) as client:
+            time.sleep(2.5)  # streaming: the standby sees the primary's clock
+            walreceiver = standby.walreceiver_pid()
+            os.kill(walreceiver, signal.SIGSTOP)
+            time.sleep(3.0)  # three more lease windows the standby never receives
+            self.assertEqual(client.failures, [])
+            primary.stop("immediate")  # the client's next statement fails: expected
+        highest = max(client.returned)
         # The frozen receiver never reads what is left in its socket: kill it (the standby
         # restarts its processes and shared memory, and stays in recovery).
         os.kill(walreceiver, signal.SIGKILL)
