@@ -22,6 +22,7 @@ the suite runs on one major per test command (SNOWFLAKE_REGISTRY_HA_MAJOR, 16 by
 chaos campaign takes 15 and the Patroni suite 17, and the four majors' suites run at once).
 """
 
+import grp
 import os
 import shutil
 import signal
@@ -978,11 +979,16 @@ def redis_password(bundle):
     good = write_password_file(os.path.join(d, "good"), REDIS_PASSWORD)
     lax = write_password_file(os.path.join(d, "lax"), REDIS_PASSWORD)
     os.chmod(lax, 0o644)
+    # As a Kubernetes secret volume mounts it: root's, readable by the server's group.
+    rooted = write_password_file(os.path.join(d, "rooted"), REDIS_PASSWORD)
+    os.chown(rooted, 0, grp.getgrnam("postgres").gr_gid)
+    os.chmod(rooted, 0o640)
     ttl = 4.0
     nodes = start_nodes(bundle, [
         ("rpw", node_settings(r.uri(), ttl, snowflake__registry_password_file=good)),
         ("rnopw", node_settings(r.uri(), ttl)),
-        ("rlax", node_settings(r.uri(), ttl, snowflake__registry_password_file=lax))])
+        ("rlax", node_settings(r.uri(), ttl, snowflake__registry_password_file=lax)),
+        ("rroot", node_settings(r.uri(), ttl, snowflake__registry_password_file=rooted))])
     return (r,) + tuple(nodes)
 
 
@@ -1064,10 +1070,14 @@ class RedisPasswordFile(HABase):
         cls.prepare(password=redis_password)
 
     def test_password_only_in_the_file(self):
-        """requirepass: the node with the password file claims; one without a password and
-        one whose file others can read claim nothing; the password is in no log."""
-        r, ok, nopw, lax = self.take("password")
+        """requirepass: the node with the password file claims, and so does one whose file is
+        root's and readable by the server's group (PostgreSQL's rule for ssl_key_file: a
+        Kubernetes secret volume); one without a password and one whose file others can read
+        claim nothing; the password is in no log."""
+        r, ok, nopw, lax, rooted = self.take("password")
         w = wait_claimed(ok)
+        self.assertNotEqual(wait_claimed(rooted), w)
+        self.assertNotIn(REDIS_PASSWORD, rooted.log())
         self.check_password(REDIS_PASSWORD, ok, nopw)
         self.assertEqual(r.cli("EXISTS", f"snowflake:claim:{DC}:{w}"), "1")
         e = wait_claim_error(lax, lambda t: "0600" in t or "mode" in t.lower())

@@ -5,7 +5,7 @@
 //! `etcd-client`: leases for claims, compare-and-swap transactions for every step). No pgrx
 //! here: only the background worker calls this, never a backend and never the postmaster.
 //!
-//! All keep the same records (see the README, "Fleets"):
+//! All keep the same records (see docs/fleets.md):
 //! - the registry's incarnation and when it began ("born"), and the fleet's epoch. The
 //!   incarnation changes whenever the registry may have lost writes it acknowledged: any
 //!   restart of Redis (its `run_id`) or a promotion of a replica (its `master_replid`); any
@@ -233,27 +233,23 @@ pub fn open(uri: &str, options: &Options) -> Result<Box<dyn Registry>> {
     }
 }
 
-/// Reads a password file: it must belong to the server's OS user and give no access to
-/// group or others (as libpq demands of `.pgpass`). Returns the first line.
+/// Reads a password file (see [`read_private_file`]). Returns the first line.
 pub(crate) fn read_password_file(path: &str) -> Result<String> {
     Ok(snowflake_core::registry_uri::password_from_file(
         &read_private_file(path)?,
     ))
 }
 
-/// Reads a file holding secrets, after checking that only the server's OS user can read it.
+/// Reads a file holding secrets, after checking that it is private by PostgreSQL's rule for
+/// the server's key ([`snowflake_core::secrets::private_file_allowed`]).
 pub(crate) fn read_private_file(path: &str) -> Result<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path)
         .map_err(|e| RegistryError(format!("could not read password file \"{path}\": {e}")))?;
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    if meta.uid() != euid || meta.mode() & 0o077 != 0 {
-        return Err(RegistryError(format!(
-            "password file \"{path}\" must be owned by the server's OS user and have no group or other access (chmod 0600); it has mode {:o}",
-            meta.mode() & 0o777
-        )));
-    }
+    snowflake_core::secrets::private_file_allowed(meta.uid(), euid, meta.mode())
+        .map_err(|why| RegistryError(format!("password file \"{path}\" is not private: {why}")))?;
     std::fs::read_to_string(path)
         .map_err(|e| RegistryError(format!("could not read password file \"{path}\": {e}")))
 }
