@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Builds PostgreSQL 16, 17, 18 or 19 from a source package into /opt/snowflake-pg/<major>,
-# once: a second run finds the installed pg_config and returns at once. Debian 12 ships only
-# PostgreSQL 15, and newer binary packages need a newer glibc, hence the source build.
+# Builds PostgreSQL 16, 17, 18 or 19 from a source package and installs it as a Debian
+# package of its own, postgresql-<major> (version <source version>+snowflake<N>), laid out
+# like the PGDG packages: /usr/lib/postgresql/<major>/{bin,lib}, /usr/share/postgresql/<major>,
+# /usr/include/postgresql/<major>/server. So the extension's .deb for that major installs at
+# the paths a PGDG server reads, and its `Depends: postgresql-<major>` is met the way it is on
+# a user's machine. Once: a second run finds the package installed and returns at once.
+# Debian 12 ships only PostgreSQL 15, and newer binary packages need a newer glibc, hence the
+# source build. The .deb is kept in /var/cache/snowflake-pg for a reinstall.
 #   16: Ubuntu 24.04 (noble-updates); Debian no longer carries 16 in any suite.
 #   17: Debian trixie.  18: Debian sid.  19: Debian experimental.
 # Every download is verified: apt checks the suite's signed Release file against the
@@ -12,7 +17,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 major="$1"
 prefix="$(pg_prefix_of "$major")"
-if [ -x "$prefix/bin/pg_config" ]; then
+# Bumped when the build or the layout changes, so that machines rebuild.
+BUILD_REVISION=snowflake2
+installed_version="$(dpkg-query -W -f='${Status} ${Version}' "postgresql-$major" 2>/dev/null || true)"
+if [[ "$installed_version" == "install ok installed "*"+$BUILD_REVISION" ]] && [ -x "$prefix/bin/pg_config" ]; then
+    exit 0
+fi
+cache=/var/cache/snowflake-pg
+cached="$(ls "$cache"/postgresql-"$major"_*+"$BUILD_REVISION"_*.deb 2>/dev/null | sort -V | tail -1 || true)"
+if [ -n "$cached" ]; then
+    log "Installing PostgreSQL $major from $cached"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$cached" >/dev/null
     exit 0
 fi
 
@@ -107,9 +122,48 @@ dsc="$(ls "$work"/postgresql-"$major"_*.dsc | sort -V | tail -1)"
 }
 
 cd "$work/src"
-./configure --prefix="$prefix" --without-icu >/dev/null
+# PGDG's paths (Debian's own patches keep pkglibdir at /usr/lib/postgresql/<major>/lib).
+./configure --prefix="$prefix" --datadir="/usr/share/postgresql/$major" \
+    --includedir=/usr/include/postgresql --without-icu >/dev/null
 make -j"$(nproc)" -s >/dev/null
-make -s install >/dev/null
-# Client tools used by the tests (pgbench, pg_basebackup) live under src/bin and are installed above.
+# Client tools used by the tests (pgbench, pg_basebackup) live under src/bin and are installed too.
+stage="$work/stage"
+make -s install DESTDIR="$stage" >/dev/null
+# The client headers (libpq-fe.h, ...) directly under /usr/include/postgresql belong to
+# Debian's libpq-dev: keep only this major's server headers (/usr/include/postgresql/<major>).
+find "$stage/usr/include/postgresql" -mindepth 1 -maxdepth 1 ! -name "$major" -exec rm -rf {} +
+
+source_version="$(sed -n 's/^Version: //p' "$dsc")"
+version="${source_version}+$BUILD_REVISION"
+mkdir -p "$stage/DEBIAN"
+depends="$(shlib_depends -l"$stage$prefix/lib" "$stage$prefix"/bin/* "$stage$prefix"/lib/*.so*)"
+cat >"$stage/DEBIAN/control" <<CONTROL
+Package: postgresql-$major
+Version: $version
+Architecture: $(dpkg --print-architecture)
+Maintainer: snowflake developers <snowflake@localhost>
+Installed-Size: $(du -sk --exclude=DEBIAN "$stage" | cut -f1)
+Depends: $depends
+Section: database
+Priority: optional
+Description: PostgreSQL $major server, clients and server headers (local build)
+ Built by snowflake's scripts/build-pg.sh from the source package
+ postgresql-$major $source_version, for building and testing the extension: Debian 12 has
+ no PostgreSQL $major. Laid out like the PGDG packages: $prefix,
+ /usr/share/postgresql/$major and /usr/include/postgresql/$major/server.
+CONTROL
+mkdir -p "$cache"
+deb="$cache/postgresql-${major}_${version}_$(dpkg --print-architecture).deb"
+dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
+if [ "$("$prefix/bin/pg_config" --sharedir)" != "/usr/share/postgresql/$major" ] ||
+    [ ! -f "$("$prefix/bin/pg_config" --includedir-server)/postgres.h" ]; then
+    echo "build-pg.sh: PostgreSQL $major's pg_config does not report PGDG's layout" >&2
+    exit 1
+fi
+cd /
 rm -rf "$work"
-log "PostgreSQL $major installed in $prefix"
+# Builds before this layout lived in /opt/snowflake-pg/<major>.
+rm -rf "/opt/snowflake-pg/$major"
+rmdir /opt/snowflake-pg 2>/dev/null || true
+log "PostgreSQL $major installed from $deb"

@@ -5,15 +5,9 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# Installation prefix of a major: 15 is Debian's package; the others are built from source
-# packages into /opt/snowflake-pg/<major> by scripts/build-pg.sh.
-pg_prefix_of() {
-    if [ "$1" = 15 ]; then
-        echo "/usr/lib/postgresql/15"
-    else
-        echo "/opt/snowflake-pg/$1"
-    fi
-}
+# Installation prefix of a major, as Debian and PGDG lay it out: 15 is Debian's package; the
+# others are built from source packages by scripts/build-pg.sh into a local package.
+pg_prefix_of() { echo "/usr/lib/postgresql/$1"; }
 # pg_config of a major.
 pg_config_of() { echo "$(pg_prefix_of "$1")/bin/pg_config"; }
 
@@ -63,6 +57,18 @@ require_free_space() {
         fi
         exit 1
     fi
+}
+
+# shlib_depends [-lDIR] FILE...: the Depends line that the ELF files need, as dpkg-shlibdeps
+# computes it for a Debian package (libraries found in a -l directory are the package's own).
+shlib_depends() {
+    local tmp
+    tmp="$(mktemp -d)"
+    mkdir "$tmp/debian"
+    printf 'Source: local\n\nPackage: local\nArchitecture: any\n' >"$tmp/debian/control"
+    (cd "$tmp" && dpkg-shlibdeps -O --ignore-missing-info "$@" 2>/dev/null) |
+        sed -n 's/^shlibs:Depends=//p'
+    rm -rf "$tmp"
 }
 
 # Runs a command as the postgres OS user, keeping the given environment.
@@ -141,27 +147,11 @@ build_revision_library() {
     cp "$target/release/snowflake-pg${PG_MAJOR}$("$PG_CONFIG" --pkglibdir)/snowflake.so" "$out"
 }
 
-# Builds the installable package (cargo pgrx package), adds the released install scripts,
-# and writes target/package/snowflake-<version>-pg<major>-<arch>.tar.gz. Prints its path.
-package_extension() {
-    local version arch root tarball
-    version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -1)"
-    arch="$(dpkg --print-architecture)"
-    root="$REPO_ROOT/target/release/snowflake-pg${PG_MAJOR}"
-    log "Packaging the extension (release) for PostgreSQL ${PG_MAJOR}" >&2
-    (cd "$REPO_ROOT" && cargo pgrx package --pg-config "$PG_CONFIG" \
-        --no-default-features --features "pg${PG_MAJOR}" >&2)
-    install_released_scripts "$root$("$PG_CONFIG" --sharedir)/extension"
-    mkdir -p "$REPO_ROOT/target/package"
-    tarball="$REPO_ROOT/target/package/snowflake-${version}-pg${PG_MAJOR}-${arch}.tar.gz"
-    tar -C "$root" -czf "$tarball" --owner=0 --group=0 .
-    echo "$tarball"
-}
-
-# Copies the frozen install scripts of earlier releases (sql/snowflake--<version>.sql).
+# install_released_scripts DEST [TREE]: copies the frozen install scripts of earlier releases
+# (TREE/sql/snowflake--<version>.sql; TREE defaults to this checkout) into DEST.
 install_released_scripts() {
-    local dest="$1" f
-    for f in "$REPO_ROOT"/sql/snowflake--*.sql; do
+    local dest="$1" tree="${2:-$REPO_ROOT}" f
+    for f in "$tree"/sql/snowflake--*.sql; do
         case "$(basename "$f")" in
             snowflake--*--*.sql) ;; # upgrade scripts: pgrx copies them
             *) install -m 644 "$f" "$dest/" ;;

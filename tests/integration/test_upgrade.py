@@ -102,7 +102,7 @@ class DumpAndRestore(unittest.TestCase):
 
 def _old_major_bin():
     """PostgreSQL 17's binaries when this run tests 18 and 17 has this build installed."""
-    bin17 = "/opt/snowflake-pg/17/bin"
+    bin17 = "/usr/lib/postgresql/17/bin"
     if PG_MAJOR != "18" or not os.path.exists(f"{bin17}/pg_config"):
         return None
     share = subprocess.run([f"{bin17}/pg_config", "--sharedir"], text=True,
