@@ -9,7 +9,7 @@
 //! - [`server`]: what every part asks of the server: settings, errors, the data directory,
 //!   clocks and waits.
 //!
-//! See the README's "Architecture" section.
+//! See docs/architecture.md.
 
 use generation::{shmem, wal, watermark};
 use pgrx::prelude::*;

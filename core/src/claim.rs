@@ -2,7 +2,7 @@
 //! follows from `snowflake.claim_ttl`, the fence a holder keeps, the check of the local clock
 //! against the registry's, and where a new holder's IDs must start.
 //!
-//! Why the numbers are safe (see the README, "Fleets"):
+//! Why the numbers are safe (see docs/fleets.md):
 //! - A holder renews every `ttl / 5`. Each renewal that the registry confirms lets it issue
 //!   IDs with timestamps below `cap = wall clock at the renewal's start + ttl / 2`, and only
 //!   until `ttl / 2` after that start on its monotonic clock (the fence). The registry keeps

@@ -1,6 +1,6 @@
 //! Decoding IDs made by other Snowflake-style generators (pure Rust, no pgrx).
 //!
-//! Each layout maps onto `snowflake_parts` as documented in the README:
+//! Each layout maps onto `snowflake_parts` as documented in docs/functions.md:
 //!
 //! | layout | time | datacenter_id | worker_id | sequence |
 //! |---|---|---|---|---|

@@ -98,7 +98,7 @@ fn snowflake_decode(
 }
 
 /// Decodes an ID made by another generator: `twitter`, `discord`, `instagram`, `sonyflake`,
-/// `pgedge` or `mastodon` (see the README for how their fields map onto `snowflake_parts`). Does not
+/// `pgedge` or `mastodon` (see docs/functions.md for how their fields map onto `snowflake_parts`). Does not
 /// depend on any setting.
 #[pg_extern(immutable, strict, parallel_safe, name = "snowflake_decode")]
 fn snowflake_decode_layout(

@@ -454,7 +454,7 @@ pub fn origin_table_unreadable(reason: &str) -> SnowflakeError {
         PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
         "could not read table snowflake_origin",
         format!("{reason}. The table records which cluster issued this database's IDs and with which epoch; no ID was issued."),
-        "The table was altered: restore its definition (see the README, \"Upgrades and restores\"), or recreate the extension.",
+        "The table was altered: restore its definition (see docs/guarantees.md, \"Upgrades and restores\"), or recreate the extension.",
     )
 }
 
@@ -464,7 +464,7 @@ pub fn origin_row_invalid(epoch_unix_ms: i64) -> SnowflakeError {
         PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
         "table snowflake_origin holds an invalid epoch",
         format!("epoch_unix_ms = {epoch_unix_ms} is outside the range snowflake.epoch allows (Unix time 0 to 9999-12-31). The table records which cluster issued this database's IDs and with which epoch; no ID was issued."),
-        "The table was edited: restore the row from a backup, or set epoch_unix_ms to the epoch the IDs were made with (see the README, \"Upgrades and restores\").",
+        "The table was edited: restore the row from a backup, or set epoch_unix_ms to the epoch the IDs were made with (see docs/guarantees.md, \"Upgrades and restores\").",
     )
 }
 

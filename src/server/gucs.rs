@@ -47,7 +47,7 @@ pub enum SequenceStart {
     Random,
 }
 
-/// Default of `snowflake.rmgr_id`, the custom WAL resource manager id (see README).
+/// Default of `snowflake.rmgr_id`, the custom WAL resource manager id (see docs/configuration.md).
 pub const DEFAULT_RMGR_ID: i32 = 182;
 
 static MAX_CLOCK_DRIFT: GucSetting<i32> =

@@ -295,7 +295,7 @@ class Plan:
                                                         % len(self.node_names)]
                 if kind in ("registry_restart_empty", "registry_empty_then_clock") \
                         and self.registry == "pg":
-                    # A DBA creates the coordinator's tables again (README DDL), or not: the
+                    # A DBA creates the coordinator's tables again (docs/registries.md's DDL), or not: the
                     # nodes then have to create them.
                     p["ddl"] = rng.random() < 0.85
                 if (kind.startswith(("registry_", "etcd_", "sentinel_"))
@@ -632,14 +632,15 @@ class ChaosRedis(Redis):
         self.log.close()
 
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+REGISTRIES_DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                              "registries.md")
 
 
-def readme_ddl():
-    """The coordinator's DDL as the README ("Fleets") gives it to a DBA: the campaign's DBA
-    runs exactly that, so the README's statements stay tested. IF NOT EXISTS added: a node
-    may create the tables at the same moment."""
-    with open(README) as f:
+def documented_ddl():
+    """The coordinator's DDL as docs/registries.md gives it to a DBA: the campaign's DBA runs
+    exactly that, so the manual's statements stay tested. IF NOT EXISTS added: a node may
+    create the tables at the same moment."""
+    with open(REGISTRIES_DOC) as f:
         text = f.read()
     start = text.index("CREATE TABLE snowflake_registry (")
     end = text.index("-- The nodes' user needs", start)
@@ -749,7 +750,7 @@ class ChaosCoordinator(Coordinator):
 
     def make_tables(self):
         try:
-            self.cluster.sql(readme_ddl())
+            self.cluster.sql(documented_ddl())
         except psycopg.errors.UniqueViolation:
             pass  # a node created them at the same moment (CREATE TABLE IF NOT EXISTS races)
 

@@ -92,7 +92,7 @@ class Examples(unittest.TestCase):
                             CREATE TABLE IF NOT EXISTS order_lines (
                                 id bigint PRIMARY KEY, order_id bigint NOT NULL REFERENCES orders,
                                 item text NOT NULL)""")
-            # The CTE form from the README.
+            # The CTE form from docs/functions.md.
             conn.execute("""
                 WITH ids AS (SELECT snowflake_next_batch(3) AS a),
                      o AS (INSERT INTO orders (id, customer) SELECT a[1], 'CTE Ltd' FROM ids RETURNING id)

@@ -1,6 +1,6 @@
 """snowflake.worker_id = 'auto': worker ids claimed from a real registry (Debian's
 redis-server on a loopback port, or a PostgreSQL coordinator cluster), under the faults the
-README's "Fleets" section promises to survive: several nodes at once, clean restarts, a
+manual (docs/fleets.md) promises to survive: several nodes at once, clean restarts, a
 clone started beside its original, a standby promoted beside its live primary, a registry
 stopped and restarted empty, a registry unreachable at start, every id taken, and a holder
 frozen by SIGSTOP past its claim. Every scenario checks that no ID repeats across nodes."""
@@ -531,7 +531,7 @@ if __name__ == "__main__":
 
 
 class LeastPrivilegeCredentials(unittest.TestCase):
-    """The README ("Security") tells how to limit what the registry credential can do: a
+    """The manual (docs/security.md) tells how to limit what the registry credential can do: a
     Redis ACL user limited to the registry's keys and commands, and a coordinator role with
     rights on the two tables only. A node must claim, issue and release with exactly those,
     and the credential must be refused everything else."""
@@ -565,7 +565,7 @@ class LeastPrivilegeCredentials(unittest.TestCase):
         redis = Redis()
         redis.start()
         self.addCleanup(redis.stop)
-        # The README's ACL line, word for word.
+        # docs/security.md's ACL line, word for word.
         redis.cli("ACL", "SETUSER", "snowflake", "on", ">N0de-Pw", "resetkeys", "~snowflake:*",
                   "-@all", "+@scripting", "+get", "+set", "+del", "+exists", "+hmget", "+hset",
                   "+time", "+info")

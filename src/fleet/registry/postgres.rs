@@ -11,7 +11,7 @@ use super::{
 use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge};
 use snowflake_core::registry_uri::{pgpass_lookup, split_libpq_extras, LibpqExtras};
 
-/// The coordinator's tables, created on first use (also in the README). The unlogged table
+/// The coordinator's tables, created on first use (also in docs/registries.md). The unlogged table
 /// holds a token that crash recovery, a base backup and a standby all start without: a new
 /// token is a new incarnation.
 pub const COORDINATOR_DDL: &str = "\
