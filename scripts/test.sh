@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # Runs every test, installing what it needs first (idempotent), on PostgreSQL 15, 16, 17 and 18
 # (PG_MAJORS overrides the list):
-#   1. cargo fmt --check, cargo clippy -D warnings, the released-scripts rule
+#   1. cargo fmt --check, cargo clippy -D warnings, the released-scripts rule, the docs' links
 #   2. per major: cargo pgrx test (pure Rust unit/property tests and #[pg_test]s in a
-#      preloaded server), the release package installed from its tarball, and pg_regress
+#      preloaded server), the release .deb built, checked by lintian and installed, upgraded
+#      (from the previous release's package, on DEB_UPGRADE_MAJORS) and removed with apt
+#      (scripts/test-deb.sh), installed again, and pg_regress against it; on the last major,
+#      the container recipes' steps as scripts (scripts/test-containers.sh)
 #   3. the integration tests against real clusters (tests/integration), IT_JOBS majors at a
-#      time (default 4: all of them)
+#      time (default 4: all of them); beside them, at the lowest CPU priority, the PGXN
+#      distribution (scripts/check-dist.sh: META.json validated, the zip built and installed)
 # .ci/run calls exactly this script.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$REPO_ROOT/scripts/packaging.sh"
 cd "$REPO_ROOT"
 started=$SECONDS
 export PG_MAJORS="${PG_MAJORS:-15 16 17 18}"
+# The apt upgrade from the previous release's package is the same on every major (dpkg
+# replaces the files, ALTER EXTENSION UPDATE runs the same scripts); building that release
+# costs about 3 minutes a major the first time (then it is cached), so one major by default.
+DEB_UPGRADE_MAJORS="${DEB_UPGRADE_MAJORS:-17}"
 # This run's clusters (pgrx's test cluster, pg_regress's, the integration tests') live here,
 # so that two runs on one machine do not collide; removed when every test passed.
 SNOWFLAKE_RUN_DIR=""
@@ -32,6 +41,9 @@ cargo test -p snowflake-core
 log "Released SQL scripts"
 "$REPO_ROOT/scripts/check-released.sh"
 
+log "Documentation: every link and anchor of README.md, CHANGELOG.md and docs/"
+/usr/bin/python3 "$REPO_ROOT/scripts/check-docs.py"
+
 for major in $PG_MAJORS; do
     use_major "$major"
     # Each major compiles its own cfg branches: lint them all, not only the default's.
@@ -44,10 +56,16 @@ for major in $PG_MAJORS; do
     chown postgres: "$PGRX_TEST_DIR"
     cargo pgrx test "pg$major" --runas postgres --pgdata "$PGRX_TEST_DIR/data"
 
-    # cargo pgrx test installed a build with test functions; install the release package
-    # the way the README tells a DBA to: unpack the tarball over /.
-    tarball="$(package_extension)"
-    tar -C / -xzf "$tarball"
+    # cargo pgrx test installed a build with test functions; the release package replaces
+    # it, installed with apt the way docs/install.md tells a DBA to, after lintian and an
+    # install, upgrade and removal. pg_regress and the integration tests run against it.
+    deb="$(package_extension)"
+    upgrade=""
+    [[ " $DEB_UPGRADE_MAJORS " == *" $major "* ]] && upgrade=--upgrade
+    "$REPO_ROOT/scripts/test-deb.sh" "$deb" $upgrade
+    if [ "$major" = "${PG_MAJORS##* }" ]; then
+        "$REPO_ROOT/scripts/test-containers.sh" --docker-steps "$deb"
+    fi
 
     log "PostgreSQL $major: pg_regress"
     "$REPO_ROOT/scripts/regress.sh"
@@ -59,6 +77,13 @@ done
 # as one (about 10 minutes on 2 cores). So IT_JOBS of them run at once (default 4, every
 # major), each in its own directory and log; the builds above are done by now, so the
 # 17 -> 18 pg_upgrade test finds 17's install. A failed suite fails the run.
+# The PGXN distribution builds its own copy of the crates (about 3 minutes of compiling):
+# at nice 19 it takes only the CPU the waiting suites leave.
+(
+    use_major "${PG_MAJORS%% *}"
+    exec nice -n 19 "$REPO_ROOT/scripts/check-dist.sh"
+) >"$SNOWFLAKE_RUN_DIR/dist.log" 2>&1 &
+dist_pid=$!
 it_jobs="${IT_JOBS:-4}"
 log "Integration tests (real clusters) on PostgreSQL ${PG_MAJORS}, ${it_jobs} majors at a time"
 declare -A suite_pid=()
@@ -69,7 +94,7 @@ finish_suite() {
     wait "${suite_pid[$m]}" || rc=$?
     log "PostgreSQL $m: integration tests $([ "$rc" = 0 ] && echo passed || echo "FAILED (exit $rc)") ($((SECONDS - started)) s so far)"
     cat "$SNOWFLAKE_RUN_DIR/it-pg$m.log" >&2
-    [ "$rc" = 0 ] || failed+=("$m")
+    [ "$rc" = 0 ] || failed+=("PostgreSQL $m integration tests")
     unset "suite_pid[$m]"
 }
 running=()
@@ -91,8 +116,13 @@ done
 for major in "${running[@]}"; do
     finish_suite "$major"
 done
+dist_rc=0
+wait "$dist_pid" || dist_rc=$?
+log "PGXN distribution: $([ "$dist_rc" = 0 ] && echo passed || echo "FAILED (exit $dist_rc)")"
+cat "$SNOWFLAKE_RUN_DIR/dist.log" >&2
+[ "$dist_rc" = 0 ] || failed+=("PGXN distribution")
 if [ "${#failed[@]}" -gt 0 ]; then
-    log "Integration tests failed on PostgreSQL ${failed[*]}; clusters and logs kept in $SNOWFLAKE_RUN_DIR"
+    log "Failed: ${failed[*]}; clusters and logs kept in $SNOWFLAKE_RUN_DIR"
     exit 1
 fi
 
