@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Builds the packages of one PostgreSQL major (default 15; PG_MAJORS=17 for 17), release:
-#   target/package/postgresql-<major>-snowflake_<version>-1_<arch>.deb   (apt-get install ./FILE)
-#   target/package/snowflake-<version>-pg<major>-<arch>.tar.gz           (the same files, for tar -C /)
-# The files sit at the paths of that major's pg_config (PGDG's layout on Debian and Ubuntu).
-# The package's Depends is postgresql-<major> plus the shared libraries the library links.
-# See docs/install.md.
+# Builds the release packages of the PostgreSQL majors in PG_MAJORS (default 15), each
+# into target/package/:
+#   postgresql-<major>-snowflake_<version>-1_<arch>.deb   (sudo apt-get install ./FILE)
+#   snowflake-<version>-pg<major>-<arch>.tar.gz           (the same files, for tar -C / where there is no dpkg)
+# The files sit at the paths of that major's pg_config (PGDG's layout on Debian and Ubuntu);
+# the package's Depends is postgresql-<major> plus the shared libraries the library links.
+# Installs what building needs first (scripts/setup.sh). See docs/install.md.
+#   scripts/package.sh                         PostgreSQL 15
+#   PG_MAJORS="15 16 17 18" scripts/package.sh   every supported major
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-use_major "${PG_MAJORS:-${PG_MAJOR:-15}}"
-source "$REPO_ROOT/scripts/packaging.sh"
-PG_MAJORS="$PG_MAJOR" "$REPO_ROOT/scripts/setup.sh"
-deb="$(package_extension)"
-echo "$deb"
+majors="${PG_MAJORS:-15}"
+PG_MAJORS="$majors" "$REPO_ROOT/scripts/setup.sh"
+for major in $majors; do
+    (
+        use_major "$major"
+        source "$REPO_ROOT/scripts/packaging.sh"
+        package_extension
+    )
+done

@@ -87,6 +87,13 @@ CONTROL
     echo "$deb"
 }
 
+# this_release_deb: where package_extension writes this checkout's .deb for this major.
+this_release_deb() {
+    local version
+    version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -1)"
+    echo "$REPO_ROOT/target/package/$(deb_name)_${version}-1_$(dpkg --print-architecture).deb"
+}
+
 # package_extension: this checkout's packages for this major in target/package: the .deb
 # and a tarball of the same files (to unpack over / where there is no dpkg). Prints the .deb.
 package_extension() {
@@ -94,6 +101,7 @@ package_extension() {
     version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -1)"
     root="$(build_package_tree "$REPO_ROOT" "$REPO_ROOT/target")"
     deb="$(make_deb "$root" "$version" "$REPO_ROOT/target/package" "$REPO_ROOT")"
+    [ "$deb" = "$(this_release_deb)" ]
     dpkg-deb --fsys-tarfile "$deb" | gzip -9n \
         >"$REPO_ROOT/target/package/snowflake-${version}-pg${PG_MAJOR}-$(dpkg --print-architecture).tar.gz"
     echo "$deb"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, skipping what is already there:
 # Debian packages, PostgreSQL 16/17/18 source builds (for the majors in PG_MAJORS),
-# cargo-pgrx 0.18.1, pgxn_meta 0.7.0, `cargo pgrx init` for every major, and the client libraries the
+# cargo-pgrx 0.18.1, `cargo pgrx init` for every major, and the client libraries the
 # examples use (SQLAlchemy 2 from PyPI into /opt/snowflake-pylib; npm's pg for examples/node).
 #   PG_MAJORS="15 17 18" scripts/setup.sh      (default: 15)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -35,12 +35,6 @@ done
 if [ "$(cargo pgrx --version 2>/dev/null || true)" != "cargo-pgrx 0.18.1" ]; then
     log "Installing cargo-pgrx 0.18.1 (about 5 minutes)"
     cargo install cargo-pgrx --version 0.18.1 --locked
-fi
-
-# PGXN's Meta Spec validator, for META.json (scripts/check-dist.sh).
-if [ "$(pgxn_meta --version 2>/dev/null || true)" != "pgxn_meta 0.7.0" ]; then
-    log "Installing pgxn_meta 0.7.0 (about 2.5 minutes)"
-    cargo install pgxn_meta --version 0.7.0 --locked
 fi
 
 # cargo pgrx init rewrites the whole configuration: register every major that is present.

@@ -3,13 +3,16 @@
 # (PG_MAJORS overrides the list):
 #   1. cargo fmt --check, cargo clippy -D warnings, the released-scripts rule, the docs' links
 #   2. per major: cargo pgrx test (pure Rust unit/property tests and #[pg_test]s in a
-#      preloaded server), the release .deb built, checked by lintian and installed, upgraded
-#      (from the previous release's package, on DEB_UPGRADE_MAJORS) and removed with apt
+#      preloaded server), the release .deb built, installed and removed with apt
 #      (scripts/test-deb.sh), installed again, and pg_regress against it; on the last major,
 #      the container recipes' steps as scripts (scripts/test-containers.sh)
 #   3. the integration tests against real clusters (tests/integration), IT_JOBS majors at a
 #      time (default 4: all of them); beside them, at the lowest CPU priority, the PGXN
 #      distribution (scripts/check-dist.sh: META.json validated, the zip built and installed)
+#      lintian on every package, and the previous release's package (built from its commit,
+#      then cached)
+#   4. on DEB_UPGRADE_MAJORS, once their suites are done: that package installed with apt,
+#      used, and upgraded in place to this one (scripts/test-deb.sh --upgrade)
 # .ci/run calls exactly this script.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$REPO_ROOT/scripts/packaging.sh"
@@ -18,7 +21,7 @@ started=$SECONDS
 export PG_MAJORS="${PG_MAJORS:-15 16 17 18}"
 # The apt upgrade from the previous release's package is the same on every major (dpkg
 # replaces the files, ALTER EXTENSION UPDATE runs the same scripts); building that release
-# costs about 3 minutes a major the first time (then it is cached), so one major by default.
+# costs 3 to 5 minutes a major the first time (then it is cached), so one major by default.
 DEB_UPGRADE_MAJORS="${DEB_UPGRADE_MAJORS:-17}"
 # This run's clusters (pgrx's test cluster, pg_regress's, the integration tests') live here,
 # so that two runs on one machine do not collide; removed when every test passed.
@@ -44,6 +47,7 @@ log "Released SQL scripts"
 log "Documentation: every link and anchor of README.md, CHANGELOG.md and docs/"
 /usr/bin/python3 "$REPO_ROOT/scripts/check-docs.py"
 
+debs=()
 for major in $PG_MAJORS; do
     use_major "$major"
     # Each major compiles its own cfg branches: lint them all, not only the default's.
@@ -60,9 +64,8 @@ for major in $PG_MAJORS; do
     # it, installed with apt the way docs/install.md tells a DBA to, after lintian and an
     # install, upgrade and removal. pg_regress and the integration tests run against it.
     deb="$(package_extension)"
-    upgrade=""
-    [[ " $DEB_UPGRADE_MAJORS " == *" $major "* ]] && upgrade=--upgrade
-    "$REPO_ROOT/scripts/test-deb.sh" "$deb" $upgrade
+    "$REPO_ROOT/scripts/test-deb.sh" "$deb" --no-lintian
+    debs+=("$deb")
     if [ "$major" = "${PG_MAJORS##* }" ]; then
         "$REPO_ROOT/scripts/test-containers.sh" --docker-steps "$deb"
     fi
@@ -84,6 +87,25 @@ done
     exec nice -n 19 "$REPO_ROOT/scripts/check-dist.sh"
 ) >"$SNOWFLAKE_RUN_DIR/dist.log" 2>&1 &
 dist_pid=$!
+# The previous release's packages for the upgrade test, built meanwhile in the same way.
+(
+    renice -n 19 "$BASHPID" >/dev/null
+    for major in $DEB_UPGRADE_MAJORS; do
+        use_major "$major"
+        previous_release_deb
+    done
+) >"$SNOWFLAKE_RUN_DIR/previous-release.log" 2>&1 &
+previous_pid=$!
+# lintian on every package (an error fails the run; warnings are printed, see docs/install.md).
+(
+    renice -n 19 "$BASHPID" >/dev/null
+    for deb in "${debs[@]}"; do
+        echo "lintian $(basename "$deb")"
+        lintian --fail-on error --display-level ">=warning" "$deb" 2>&1 |
+            { grep -v "^running with root privileges" || true; }
+    done
+) >"$SNOWFLAKE_RUN_DIR/lintian.log" 2>&1 &
+lintian_pid=$!
 it_jobs="${IT_JOBS:-4}"
 log "Integration tests (real clusters) on PostgreSQL ${PG_MAJORS}, ${it_jobs} majors at a time"
 declare -A suite_pid=()
@@ -121,6 +143,26 @@ wait "$dist_pid" || dist_rc=$?
 log "PGXN distribution: $([ "$dist_rc" = 0 ] && echo passed || echo "FAILED (exit $dist_rc)")"
 cat "$SNOWFLAKE_RUN_DIR/dist.log" >&2
 [ "$dist_rc" = 0 ] || failed+=("PGXN distribution")
+
+lintian_rc=0
+wait "$lintian_pid" || lintian_rc=$?
+log "lintian: $([ "$lintian_rc" = 0 ] && echo "no error" || echo "FAILED (exit $lintian_rc)")"
+cat "$SNOWFLAKE_RUN_DIR/lintian.log" >&2
+[ "$lintian_rc" = 0 ] || failed+=("lintian")
+
+# The upgrade from the previous release's package, now that no suite uses the extension.
+previous_rc=0
+wait "$previous_pid" || previous_rc=$?
+if [ "$previous_rc" != 0 ]; then
+    cat "$SNOWFLAKE_RUN_DIR/previous-release.log" >&2
+    failed+=("building the previous release's package")
+else
+    for major in $DEB_UPGRADE_MAJORS; do
+        use_major "$major"
+        "$REPO_ROOT/scripts/test-deb.sh" "$(this_release_deb)" --upgrade --no-lintian ||
+            failed+=("PostgreSQL $major: apt upgrade from the previous release")
+    done
+fi
 if [ "${#failed[@]}" -gt 0 ]; then
     log "Failed: ${failed[*]}; clusters and logs kept in $SNOWFLAKE_RUN_DIR"
     exit 1
