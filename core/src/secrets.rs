@@ -150,12 +150,18 @@ fn hex_value(byte: u8) -> Option<u8> {
     (byte as char).to_digit(16).map(|d| d as u8)
 }
 
-/// Whether a file holding secrets (a registry password file) is private enough to read, by
-/// PostgreSQL's own rule for the server's private key (`ssl_key_file`): owned by the server's
-/// OS user with no group or other access (0600 or stricter), or owned by root with no other
-/// access (0640 or stricter: the group may be the server's, as Kubernetes secret volumes and
-/// Debian's ssl-cert group set it). `Err` says why not, for the message.
-pub fn private_file_allowed(owner_uid: u32, server_uid: u32, mode: u32) -> Result<(), String> {
+/// Whether a file holding secrets (a registry password file) is private enough to read: owned
+/// by the server's OS user with no group or other access (0600 or stricter); or, with
+/// `root_may_share_with_group` (PostgreSQL's own rule for the server's private key,
+/// `ssl_key_file`, used for `snowflake.registry_password_file`), also owned by root with no
+/// other access (0640 or stricter: the group may be the server's, as Kubernetes secret
+/// volumes and Debian's ssl-cert group set it). `Err` says why not, for the message.
+pub fn private_file_allowed(
+    owner_uid: u32,
+    server_uid: u32,
+    mode: u32,
+    root_may_share_with_group: bool,
+) -> Result<(), String> {
     let mode = mode & 0o777;
     if owner_uid == server_uid {
         if mode & 0o077 != 0 {
@@ -164,7 +170,7 @@ pub fn private_file_allowed(owner_uid: u32, server_uid: u32, mode: u32) -> Resul
             ));
         }
         Ok(())
-    } else if owner_uid == 0 {
+    } else if owner_uid == 0 && root_may_share_with_group {
         if mode & 0o037 != 0 {
             return Err(format!(
                 "it has mode {mode:04o}: a file owned by root must give no access to others and only read access to its group (chmod 0640)"
@@ -173,7 +179,8 @@ pub fn private_file_allowed(owner_uid: u32, server_uid: u32, mode: u32) -> Resul
         Ok(())
     } else {
         Err(format!(
-            "it is owned by user id {owner_uid}: it must be owned by the server's OS user (uid {server_uid}) or by root"
+            "it is owned by user id {owner_uid}: it must be owned by the server's OS user (uid {server_uid}){}",
+            if root_may_share_with_group { " or by root" } else { "" }
         ))
     }
 }
@@ -248,16 +255,21 @@ mod tests {
     #[test]
     fn private_files_follow_the_server_key_rule() {
         let server = 105;
-        assert!(private_file_allowed(server, server, 0o100600).is_ok());
-        assert!(private_file_allowed(server, server, 0o400).is_ok());
-        assert!(private_file_allowed(server, server, 0o640).is_err());
-        assert!(private_file_allowed(server, server, 0o604).is_err());
-        assert!(private_file_allowed(0, server, 0o640).is_ok());
-        assert!(private_file_allowed(0, server, 0o600).is_ok());
-        assert!(private_file_allowed(0, server, 0o660).is_err());
-        assert!(private_file_allowed(0, server, 0o644).is_err());
-        let other = private_file_allowed(1000, server, 0o600).unwrap_err();
+        let key_rule = |owner, mode| private_file_allowed(owner, server, mode, true);
+        assert!(key_rule(server, 0o100600).is_ok());
+        assert!(key_rule(server, 0o400).is_ok());
+        assert!(key_rule(server, 0o640).is_err());
+        assert!(key_rule(server, 0o604).is_err());
+        assert!(key_rule(0, 0o640).is_ok());
+        assert!(key_rule(0, 0o600).is_ok());
+        assert!(key_rule(0, 0o660).is_err());
+        assert!(key_rule(0, 0o644).is_err());
+        let other = key_rule(1000, 0o600).unwrap_err();
         assert!(other.contains("1000") && other.contains("105"), "{other}");
+        // libpq's files (.pgpass): the server user's own, 0600 or stricter; not root's.
+        assert!(private_file_allowed(server, server, 0o600, false).is_ok());
+        assert!(private_file_allowed(0, server, 0o640, false).is_err());
+        assert!(private_file_allowed(0, server, 0o600, false).is_err());
     }
 
     proptest! {
@@ -265,7 +277,11 @@ mod tests {
         /// root-owned file; a file of any other user is refused whatever its mode.
         #[test]
         fn private_file_rule(owner in prop_oneof![Just(0u32), Just(105u32), 1u32..70000], mode in 0u32..0o1000) {
-            let allowed = private_file_allowed(owner, 105, mode).is_ok();
+            let allowed = private_file_allowed(owner, 105, mode, true).is_ok();
+            prop_assert_eq!(
+                private_file_allowed(owner, 105, mode, false).is_ok(),
+                owner == 105 && mode & 0o077 == 0
+            );
             prop_assert!(!allowed || mode & 0o007 == 0);
             prop_assert!(!allowed || mode & 0o020 == 0);
             prop_assert!(!allowed || owner == 0 || mode & 0o070 == 0);

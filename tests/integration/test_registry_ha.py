@@ -983,12 +983,17 @@ def redis_password(bundle):
     rooted = write_password_file(os.path.join(d, "rooted"), REDIS_PASSWORD)
     os.chown(rooted, 0, grp.getgrnam("postgres").gr_gid)
     os.chmod(rooted, 0o640)
+    # Not a file: opening a FIFO to read would wait for a writer, forever.
+    fifo = os.path.join(d, "fifo")
+    os.mkfifo(fifo, 0o600)
+    shutil.chown(fifo, "postgres", "postgres")
     ttl = 4.0
     nodes = start_nodes(bundle, [
         ("rpw", node_settings(r.uri(), ttl, snowflake__registry_password_file=good)),
         ("rnopw", node_settings(r.uri(), ttl)),
         ("rlax", node_settings(r.uri(), ttl, snowflake__registry_password_file=lax)),
-        ("rroot", node_settings(r.uri(), ttl, snowflake__registry_password_file=rooted))])
+        ("rroot", node_settings(r.uri(), ttl, snowflake__registry_password_file=rooted)),
+        ("rfifo", node_settings(r.uri(), ttl, snowflake__registry_password_file=fifo))])
     return (r,) + tuple(nodes)
 
 
@@ -1072,9 +1077,10 @@ class RedisPasswordFile(HABase):
     def test_password_only_in_the_file(self):
         """requirepass: the node with the password file claims, and so does one whose file is
         root's and readable by the server's group (PostgreSQL's rule for ssl_key_file: a
-        Kubernetes secret volume); one without a password and one whose file others can read
-        claim nothing; the password is in no log."""
-        r, ok, nopw, lax, rooted = self.take("password")
+        Kubernetes secret volume); one without a password, one whose file others can read and
+        one whose "file" is a FIFO (refused, not waited on) claim nothing; the password is in
+        no log."""
+        r, ok, nopw, lax, rooted, fifo = self.take("password")
         w = wait_claimed(ok)
         self.assertNotEqual(wait_claimed(rooted), w)
         self.assertNotIn(REDIS_PASSWORD, rooted.log())
@@ -1082,6 +1088,8 @@ class RedisPasswordFile(HABase):
         self.assertEqual(r.cli("EXISTS", f"snowflake:claim:{DC}:{w}"), "1")
         e = wait_claim_error(lax, lambda t: "0600" in t or "mode" in t.lower())
         log(f"lax file: {error_text(e)[:200]}")
+        e = wait_claim_error(fifo, lambda t: "regular file" in t)
+        log(f"FIFO: {error_text(e)[:200]}")
         self.assertNotIn(REDIS_PASSWORD, lax.log())
 
 

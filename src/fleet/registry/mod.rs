@@ -233,25 +233,46 @@ pub fn open(uri: &str, options: &Options) -> Result<Box<dyn Registry>> {
     }
 }
 
-/// Reads a password file (see [`read_private_file`]). Returns the first line.
+/// Reads `snowflake.registry_password_file` (see [`read_private_file`]: PostgreSQL's rule for
+/// `ssl_key_file`). Returns the first line.
 pub(crate) fn read_password_file(path: &str) -> Result<String> {
     Ok(snowflake_core::registry_uri::password_from_file(
-        &read_private_file(path)?,
+        &read_private_file(path, true)?,
     ))
 }
 
-/// Reads a file holding secrets, after checking that it is private by PostgreSQL's rule for
-/// the server's key ([`snowflake_core::secrets::private_file_allowed`]).
-pub(crate) fn read_private_file(path: &str) -> Result<String> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path)
-        .map_err(|e| RegistryError(format!("could not read password file \"{path}\": {e}")))?;
+/// Reads a file holding secrets, after checking that it is a regular file and private
+/// ([`snowflake_core::secrets::private_file_allowed`], `root_may_share_with_group` as there).
+/// The checks are made on the file opened (fstat), so the file read is the file checked; the
+/// open does not block (a FIFO is refused, not waited on).
+pub(crate) fn read_private_file(path: &str, root_may_share_with_group: bool) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let unreadable =
+        |e: std::io::Error| RegistryError(format!("could not read password file \"{path}\": {e}"));
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(unreadable)?;
+    let meta = file.metadata().map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(RegistryError(format!(
+            "password file \"{path}\" is not a regular file"
+        )));
+    }
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    snowflake_core::secrets::private_file_allowed(meta.uid(), euid, meta.mode())
-        .map_err(|why| RegistryError(format!("password file \"{path}\" is not private: {why}")))?;
-    std::fs::read_to_string(path)
-        .map_err(|e| RegistryError(format!("could not read password file \"{path}\": {e}")))
+    snowflake_core::secrets::private_file_allowed(
+        meta.uid(),
+        euid,
+        meta.mode(),
+        root_may_share_with_group,
+    )
+    .map_err(|why| RegistryError(format!("password file \"{path}\" is not private: {why}")))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(unreadable)?;
+    Ok(text)
 }
 
 /// A TLS connector that verifies the server's certificate and host name against the CA

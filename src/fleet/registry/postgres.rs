@@ -165,7 +165,11 @@ fn pgpass_password(
             _ => return Ok(None),
         },
     };
-    let text = super::read_private_file(&file)?;
+    // snowflake.registry_password_file follows PostgreSQL's rule for ssl_key_file (root's
+    // with group read is fine, as a Kubernetes secret mounts it); libpq's own files keep
+    // libpq's: no group or other access.
+    let from_setting = extras.passfile.is_none() && options.password_file.as_ref() == Some(&file);
+    let text = super::read_private_file(&file, from_setting)?;
     let user = config.get_user().unwrap_or("");
     let database = config.get_dbname().unwrap_or(user);
     let ports = config.get_ports();
