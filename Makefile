@@ -11,6 +11,8 @@ CARGO ?= cargo
 PG_MAJOR := $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 PACKAGE := $(TARGET_DIR)/release/snowflake-pg$(PG_MAJOR)
+# Absolute: the install recipes run inside $(PACKAGE).
+DEST := $(if $(DESTDIR),$(abspath $(DESTDIR)))
 EXTENSION_DIR := $(shell $(PG_CONFIG) --sharedir)/extension
 # pgrx reads the server's headers through this pg_config: no `cargo pgrx init` needed.
 export PGRX_PG_CONFIG_PATH := $(PG_CONFIG)
@@ -28,10 +30,10 @@ all:
 
 install:
 	test -d $(PACKAGE) || { echo "run make first" >&2; exit 1; }
-	cd $(PACKAGE) && find . -type f -exec install -D -m 644 {} $(DESTDIR)/{} \;
+	cd $(PACKAGE) && find . -type f -exec install -D -m 644 {} $(DEST)/{} \;
 
 uninstall:
-	cd $(PACKAGE) && find . -type f -exec rm -f $(DESTDIR)/{} \;
+	cd $(PACKAGE) && find . -type f -exec rm -f $(DEST)/{} \;
 
 clean:
 	rm -rf $(TARGET_DIR)/release/snowflake-pg*

@@ -27,7 +27,7 @@ cache=/var/cache/snowflake-pg
 cached="$(ls "$cache"/postgresql-"$major"_*+"$BUILD_REVISION"_*.deb 2>/dev/null | sort -V | tail -1 || true)"
 if [ -n "$cached" ]; then
     log "Installing PostgreSQL $major from $cached"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$cached" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq "$cached" >/dev/null
     exit 0
 fi
 
@@ -99,7 +99,7 @@ esac
 log "Building PostgreSQL $major from its source package (${source_line#*] }), about 4 minutes"
 for pkg in dpkg-dev libreadline-dev zlib1g-dev bison flex; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends "$pkg" >/dev/null
 done
 
 apt_private source "$source_line" update -qq
@@ -155,7 +155,7 @@ CONTROL
 mkdir -p "$cache"
 deb="$cache/postgresql-${major}_${version}_$(dpkg --print-architecture).deb"
 dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >/dev/null
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq "$deb" >/dev/null
 if [ "$("$prefix/bin/pg_config" --sharedir)" != "/usr/share/postgresql/$major" ] ||
     [ ! -f "$("$prefix/bin/pg_config" --includedir-server)/postgres.h" ]; then
     echo "build-pg.sh: PostgreSQL $major's pg_config does not report PGDG's layout" >&2

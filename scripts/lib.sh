@@ -3,6 +3,8 @@
 # because initdb and pg_ctl refuse root.
 
 set -euo pipefail
+# Without it, a function called as "$(f)" runs with -e off: its failing steps pass unseen.
+shopt -s inherit_errexit
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # Installation prefix of a major, as Debian and PGDG lay it out: 15 is Debian's package; the
@@ -62,13 +64,14 @@ require_free_space() {
 # shlib_depends [-lDIR] FILE...: the Depends line that the ELF files need, as dpkg-shlibdeps
 # computes it for a Debian package (libraries found in a -l directory are the package's own).
 shlib_depends() {
-    local tmp
+    local tmp out rc=0
     tmp="$(mktemp -d)"
     mkdir "$tmp/debian"
     printf 'Source: local\n\nPackage: local\nArchitecture: any\n' >"$tmp/debian/control"
-    (cd "$tmp" && dpkg-shlibdeps -O --ignore-missing-info "$@" 2>/dev/null) |
-        sed -n 's/^shlibs:Depends=//p'
+    out="$(cd "$tmp" && dpkg-shlibdeps -O --ignore-missing-info "$@")" || rc=$?
     rm -rf "$tmp"
+    [ "$rc" = 0 ] && [ -n "$out" ] || { echo "shlib_depends: dpkg-shlibdeps failed on $*" >&2; return 1; }
+    sed -n 's/^shlibs:Depends=//p' <<<"$out"
 }
 
 # Runs a command as the postgres OS user, keeping the given environment.

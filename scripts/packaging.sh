@@ -116,7 +116,11 @@ previous_release_deb() {
     cache="$RELEASE_CACHE/$commit-pg$PG_MAJOR"
     deb="$cache/$(deb_name)_${version}-1_$(dpkg --print-architecture).deb"
     if [ ! -f "$deb" ]; then
-        worktree="/var/tmp/snowflake-release-$commit-pg$PG_MAJOR"
+        git -C "$REPO_ROOT" cat-file -e "$commit^{commit}" 2>/dev/null || {
+            echo "previous_release_deb: commit $commit (release $version) is not in this clone: the upgrade test needs the history (git fetch --unshallow)" >&2
+            return 1
+        }
+        worktree="${SNOWFLAKE_RUN_DIR:-/var/tmp}/release-$commit-pg$PG_MAJOR"
         git -C "$REPO_ROOT" worktree remove --force "$worktree" 2>/dev/null || rm -rf "$worktree"
         git -C "$REPO_ROOT" worktree add --detach "$worktree" "$commit" >/dev/null
         root="$(build_package_tree "$worktree" /var/tmp/snowflake-ab-target)"

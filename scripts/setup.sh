@@ -23,7 +23,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     log "Installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     # Debian's package starts a "main" cluster on port 5432; we never use it.
     pg_ctlcluster 15 main stop 2>/dev/null || true
 fi
@@ -65,7 +65,7 @@ fi
 # comes with npm; without one, Debian's packages.
 if ! command -v npm >/dev/null; then
     log "Installing Debian packages: nodejs npm"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 if [ ! -d "$REPO_ROOT/examples/node/node_modules/pg" ]; then
     log "Installing examples/node's dependencies (npm ci)"

@@ -32,7 +32,8 @@ dir="$SNOWFLAKE_RUN_DIR/deb-pg$PG_MAJOR"
 port=$((5470 + PG_MAJOR))
 
 fail() { echo "test-deb.sh: PostgreSQL $PG_MAJOR: $*" >&2; exit 1; }
-apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Use-Pty=0 "$@" >/dev/null; }
+# Waits for the dpkg lock (apt-daily, another run) instead of failing at once.
+apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout=600 "$@" >/dev/null; }
 status() { dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null || true; }
 sql() { cluster_psql "$dir/data" "$port" -qAt -v ON_ERROR_STOP=1 -c "$1"; }
 expect() { [ "$2" = "$3" ] || fail "$1: expected '$3', got '$2'"; }

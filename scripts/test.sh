@@ -22,7 +22,11 @@ export PG_MAJORS="${PG_MAJORS:-15 16 17 18}"
 # The apt upgrade from the previous release's package is the same on every major (dpkg
 # replaces the files, ALTER EXTENSION UPDATE runs the same scripts); building that release
 # costs 3 to 5 minutes a major the first time (then it is cached), so one major by default.
-DEB_UPGRADE_MAJORS="${DEB_UPGRADE_MAJORS:-17}"
+# (17 when the run has it, else the run's last major.)
+DEB_UPGRADE_MAJORS="${DEB_UPGRADE_MAJORS:-$([[ " $PG_MAJORS " == *" 17 "* ]] && echo 17 || echo "${PG_MAJORS##* }")}"
+for major in $DEB_UPGRADE_MAJORS; do
+    [[ " $PG_MAJORS " == *" $major "* ]] || { echo "DEB_UPGRADE_MAJORS: $major is not in PG_MAJORS ($PG_MAJORS)" >&2; exit 2; }
+done
 # This run's clusters (pgrx's test cluster, pg_regress's, the integration tests') live here,
 # so that two runs on one machine do not collide; removed when every test passed.
 SNOWFLAKE_RUN_DIR=""
