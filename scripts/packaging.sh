@@ -5,15 +5,17 @@
 # Who the packages name as maintainer. A release sets SNOWFLAKE_DEB_MAINTAINER; the default
 # is a placeholder (example.org is reserved for examples).
 DEB_MAINTAINER="${SNOWFLAKE_DEB_MAINTAINER:-snowflake developers <snowflake@example.org>}"
-# Released packages are kept here by commit and major: a release never changes.
+# Released packages are kept here by commit, major and packaging: a release's code never
+# changes, but the packaging that wraps it may (packaging_digest).
 RELEASE_CACHE=/var/cache/snowflake-packages
 
 deb_name() { echo "postgresql-${PG_MAJOR}-snowflake"; }
 
 # build_package_tree TREE TARGET: builds the extension from the source tree TREE for this
 # major (release; `cargo pgrx package` with CARGO_TARGET_DIR=TARGET), adds TREE's frozen
-# install scripts and its CHANGELOG and README. Prints the root of the files, laid out at the
-# paths of this major's pg_config.
+# install scripts, its CHANGELOG and README, and the copyright file: this project's, plus the
+# copyright and license of every crate TREE's library links (scripts/debian-copyright.py).
+# Prints the root of the files, laid out at the paths of this major's pg_config.
 build_package_tree() {
     local tree="$1" target="$2" root doc
     root="$target/release/snowflake-pg${PG_MAJOR}"
@@ -29,6 +31,11 @@ build_package_tree() {
     install -d "$doc"
     install -m 644 "$tree/README.md" "$doc/README.md"
     install -m 644 "$tree/CHANGELOG.md" "$doc/changelog"
+    (cd "$tree" && "$REPO_ROOT/scripts/debian-copyright.py" --manifest-path "$tree/Cargo.toml" \
+        --features "pg${PG_MAJOR}" --project "$REPO_ROOT/packaging/debian/copyright" \
+        --licenses "$REPO_ROOT/packaging/debian/licenses" \
+        --overrides "$REPO_ROOT/packaging/debian/crate-overrides") >"$doc/copyright"
+    chmod 644 "$doc/copyright"
     echo "$root"
 }
 
@@ -49,7 +56,6 @@ make_deb() {
     strip --strip-unneeded --remove-section=.comment --remove-section=.note "$lib"
     chmod 644 "$lib"
     doc="$stage/usr/share/doc/$pkg"
-    install -m 644 "$REPO_ROOT/packaging/debian/copyright" "$doc/copyright"
     gzip -9n "$doc/changelog"
     when="$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$tree" log -1 --format=%ct)}")"
     printf '%s (%s-1) unstable; urgency=medium\n\n  * Upstream release %s: see changelog.gz.\n\n -- %s  %s\n' \
@@ -107,15 +113,28 @@ package_extension() {
     echo "$deb"
 }
 
+# packaging_digest: a short hash of this checkout's packaging (these scripts, lib.sh's
+# shlib_depends among them, the copyright template, overrides and license texts), so that a
+# packaging change rebuilds the cached release.
+packaging_digest() {
+    (cd "$REPO_ROOT" && cat scripts/packaging.sh scripts/lib.sh scripts/debian-copyright.py \
+        packaging/debian/copyright packaging/debian/crate-overrides packaging/debian/licenses/*) |
+        sha256sum | cut -c1-12
+}
+
 # previous_release_deb: the package of the previous release (packaging/previous-release
 # names its version and commit), built from that commit with this checkout's packaging, and
 # kept in RELEASE_CACHE. Prints its path.
 previous_release_deb() {
     local version commit cache deb worktree root
     read -r version commit <"$REPO_ROOT/packaging/previous-release"
-    cache="$RELEASE_CACHE/$commit-pg$PG_MAJOR"
+    cache="$RELEASE_CACHE/$commit-pg$PG_MAJOR-$(packaging_digest)"
     deb="$cache/$(deb_name)_${version}-1_$(dpkg --print-architecture).deb"
     if [ ! -f "$deb" ]; then
+        # The same release wrapped by an earlier packaging: no longer of use.
+        find "$RELEASE_CACHE" -mindepth 1 -maxdepth 1 \
+            \( -name "$commit-pg$PG_MAJOR" -o -name "$commit-pg$PG_MAJOR-*" \) \
+            ! -path "$cache" -exec rm -rf {} + 2>/dev/null || true
         git -C "$REPO_ROOT" cat-file -e "$commit^{commit}" 2>/dev/null || {
             echo "previous_release_deb: commit $commit (release $version) is not in this clone: the upgrade test needs the history (git fetch --unshallow)" >&2
             return 1

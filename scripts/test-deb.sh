@@ -7,7 +7,8 @@
 #      without: DEB installed and used;
 #   3. apt-get remove: the library and the extension's files are gone (and, on 18 and later,
 #      the CloudNativePG image volume layout tested meanwhile: scripts/test-containers.sh);
-#   4. DEB installed again and checked file by file (dpkg --verify), for the suites that follow.
+#   4. DEB installed again and checked file by file (dpkg --verify), for the suites that follow;
+#      its copyright file names every crate the library links (against `cargo tree`).
 #   scripts/test-deb.sh DEB [--upgrade] [--no-lintian]     (PG_MAJOR: the package's major)
 # (The test command runs lintian on every package at once, beside the integration tests.)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -94,4 +95,18 @@ log "PostgreSQL $PG_MAJOR: apt-get install $(basename "$deb") for the suites"
 apt_get install "$deb"
 expect "installed" "$(status)" "install ok installed $version"
 dpkg --verify "$pkg" || fail "installed files differ from the package"
+# The copyright file names every crate linked into the library. Checked against `cargo tree`
+# (not the cargo metadata walk that wrote it): its normal dependencies but procedural macros,
+# path crates aside.
+copyright="/usr/share/doc/$pkg/copyright"
+crates=0
+while read -r name crate_version _; do
+    grep -qxF "Files: vendor/$name-${crate_version#v}/*" "$copyright" ||
+        fail "$copyright does not name the crate $name ${crate_version#v}, which the library links"
+    crates=$((crates + 1))
+done < <(cd "$REPO_ROOT" && cargo tree --locked -e normal,no-proc-macro --prefix none --format '{p}' \
+    --target "$(rustc -vV | sed -n 's/^host: //p')" -p snowflake --no-default-features --features "pg$PG_MAJOR" |
+    grep -v ' (/' | sed 's/ (\*)$//' | sort -u)
+[ "$crates" -gt 100 ] || fail "cargo tree listed only $crates crates"
+expect "crate paragraphs in $copyright" "$(grep -c '^Files: vendor/[^/]*/\*$' "$copyright")" "$crates"
 rm -rf "$dir"

@@ -2,7 +2,7 @@
 # The container's build step: the extension's Debian package for PostgreSQL MAJOR, built
 # from this source tree against that major's pg_config (PGDG's layout:
 # /usr/lib/postgresql/MAJOR/bin/pg_config, from postgresql-server-dev-MAJOR), copied to OUT.
-# Needs cargo-pgrx 0.18.1, clang, dpkg-dev; no `cargo pgrx init`.
+# Needs cargo-pgrx 0.18.1, clang, dpkg-dev, python3; no `cargo pgrx init`.
 #   packaging/docker/build-deb.sh MAJOR OUT
 set -euo pipefail
 major="$1"
