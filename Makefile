@@ -20,13 +20,16 @@ export PGRX_PG_CONFIG_PATH := $(PG_CONFIG)
 .PHONY: all install uninstall clean
 
 # cargo pgrx package lays the files out at pg_config's paths under $(PACKAGE); the install
-# scripts of earlier releases (kept frozen in sql/) are added beside the generated one.
+# scripts of earlier releases (kept frozen in sql/) are added beside the generated one, and
+# the secondary control files (sql/snowflake--<version>.control: earlier versions are for
+# superusers only, see docs/upgrades.md), which cargo pgrx does not copy.
 all:
 	rm -rf $(PACKAGE)
 	$(CARGO) pgrx package --pg-config $(PG_CONFIG) --no-default-features --features pg$(PG_MAJOR)
 	for f in sql/snowflake--*.sql; do \
 		case "$$f" in *--*--*) ;; *) install -m 644 "$$f" $(PACKAGE)$(EXTENSION_DIR)/ ;; esac; \
 	done
+	install -m 644 sql/snowflake--*.control $(PACKAGE)$(EXTENSION_DIR)/
 
 install:
 	test -d $(PACKAGE) || { echo "run make first" >&2; exit 1; }

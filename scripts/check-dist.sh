@@ -59,6 +59,11 @@ for f in "$("$PG_CONFIG" --pkglibdir)/snowflake.so" \
          "$("$PG_CONFIG" --sharedir)/extension/snowflake--$version.sql"; do
     grep -qx "$f" <<<"$installed" || fail "make install did not install $f"
 done
+# The secondary control files that keep earlier versions for superusers (docs/upgrades.md).
+for f in sql/snowflake--*.control; do
+    grep -qx "$("$PG_CONFIG" --sharedir)/extension/$(basename "$f")" <<<"$installed" ||
+        fail "make install did not install $(basename "$f")"
+done
 deb="target/package/$(deb_name)_${version}-1_$(dpkg --print-architecture).deb"
 if [ -f "$deb" ]; then
     packaged="$(dpkg-deb --fsys-tarfile "$deb" | tar -t | sed 's|^\.||' | grep -v '/$' |

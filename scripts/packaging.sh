@@ -27,6 +27,11 @@ build_package_tree() {
     (cd "$tree" && CARGO_TARGET_DIR="$target" PGRX_PG_CONFIG_PATH="$PG_CONFIG" \
         cargo pgrx package --pg-config "$PG_CONFIG" --no-default-features --features "pg${PG_MAJOR}" >&2)
     install_released_scripts "$root$("$PG_CONFIG" --sharedir)/extension" "$tree"
+    # The secondary control files (earlier versions are for superusers only: docs/upgrades.md),
+    # which cargo pgrx does not copy. A tree of a release before 0.7.0 has none.
+    if compgen -G "$tree/sql/snowflake--*.control" >/dev/null; then
+        install -m 644 "$tree"/sql/snowflake--*.control "$root$("$PG_CONFIG" --sharedir)/extension/"
+    fi
     doc="$root/usr/share/doc/$(deb_name)"
     install -d "$doc"
     install -m 644 "$tree/README.md" "$doc/README.md"

@@ -269,11 +269,12 @@ SET search_path = pg_catalog, pg_temp
 AS $collisions$
 BEGIN
     RETURN QUERY EXECUTE pg_catalog.format(
-        'SELECT ((%1$I >> 17) & 31)::integer, ((%1$I >> 12) & 31)::integer,
-                pg_catalog.array_agg(DISTINCT %2$I::text ORDER BY %2$I::text), pg_catalog.count(*)
+        'SELECT ((%1$I::pg_catalog.int8 OPERATOR(pg_catalog.>>) 17) OPERATOR(pg_catalog.&) 31::pg_catalog.int8)::pg_catalog.int4,
+                ((%1$I::pg_catalog.int8 OPERATOR(pg_catalog.>>) 12) OPERATOR(pg_catalog.&) 31::pg_catalog.int8)::pg_catalog.int4,
+                pg_catalog.array_agg(DISTINCT %2$I::pg_catalog.text ORDER BY %2$I::pg_catalog.text), pg_catalog.count(*)
            FROM %3$s
           GROUP BY 1, 2
-         HAVING pg_catalog.count(DISTINCT %2$I) > 1
+         HAVING pg_catalog.count(DISTINCT %2$I) OPERATOR(pg_catalog.>) 1::pg_catalog.int8
           ORDER BY 1, 2',
         id_column, origin_column, tbl);
 END
@@ -291,10 +292,14 @@ CREATE TABLE @extschema@.snowflake_origin (
     epoch_unix_ms     bigint NOT NULL,
     recorded_at       timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
+-- This script runs as the bootstrap superuser in a trusted install: every call names its
+-- schema and passes arguments of exactly the declared types, so that no look-alike overload
+-- (e.g. a snowflake_to_timestamp(integer) in the extension's schema, which a database owner
+-- may own) is a better match and runs instead (tests/integration/test_script_capture.py).
 INSERT INTO @extschema@.snowflake_origin (system_identifier, epoch_unix_ms)
 SELECT s.system_identifier,
-       pg_catalog.round(EXTRACT(epoch FROM @extschema@.snowflake_to_timestamp(0))
-                        OPERATOR(pg_catalog.*) 1000)::bigint
+       pg_catalog.round(EXTRACT(epoch FROM @extschema@.snowflake_to_timestamp(0::pg_catalog.int8))
+                        OPERATOR(pg_catalog.*) 1000::pg_catalog.numeric)::pg_catalog.int8
   FROM pg_catalog.pg_control_system() s;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.snowflake_origin', '');
 REVOKE ALL ON @extschema@.snowflake_origin FROM PUBLIC;
