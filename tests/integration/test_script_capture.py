@@ -9,11 +9,19 @@ which the database owner owns on PostgreSQL 15 and later, and which every role m
 where it kept PostgreSQL 14's rights) that matches better runs instead, as a superuser.
 
 The sweep is derived from the scripts themselves (share/extension/snowflake--*.sql as
-installed): every name written as a call (`name(`) and every operator symbol in them gets
-look-alikes of each argument-type variant (integer, bigint, numeric, text, ... for each arity
-seen, all combinations of the common ones up to three arguments, and variadic and polymorphic
-forms), in public and in the extension's schema, that say so (a WARNING, which survives a
-rollback), record themselves and make their planter a superuser. Then:
+installed; a call added to a script is swept without a change here): every name written as
+a call (`name(`, in the code and in the strings that hold dynamic SQL) and every operator
+symbol gets look-alikes of each argument-type variant: for every call, each of EVERY's types
+alone, every combination of COMMON up to three arguments, and the combinations of what each
+argument written there may match better than the real function (an integer literal: integer,
+bigint, numeric, double precision; a string literal: text; a cast: its type); variadic and
+polymorphic forms; operators with every pair of COMMON and as prefix operators. They return
+what the real function returns (so that a captured call goes on: a planted
+snowflake_to_timestamp(integer) records a false epoch) and are planted in public and in the
+extension's schema. Each says it ran (a WARNING, which survives a rollback), records itself
+and makes its planter a superuser. Type names cannot be planted over: pg_catalog is searched
+first for them in a script, and a cast between built-in types only their owner may create.
+Then:
 
 - CaptureSweep.test_install_*: CREATE EXTENSION as a database owner (trusted; in public, and
   in a schema of its own) and as a superuser where an ordinary role may write public;
@@ -28,6 +36,7 @@ rollback), record themselves and make their planter a superuser. Then:
 """
 
 import collections
+import glob
 import itertools
 import re
 import subprocess
@@ -76,7 +85,6 @@ def quote_ident(name):
 
 def scripts():
     """The text of every script installed for the extension."""
-    import glob
     found = sorted(glob.glob(f"{EXTENSION_DIR}/snowflake--*.sql"))
     assert found, f"no snowflake scripts in {EXTENSION_DIR}"
     texts = {}
@@ -105,26 +113,46 @@ def split_code(text):
 CALL = re.compile(r'(?<![\w$"])(\w+|"(?:[^"]|"")+")\s*\(')
 
 
-def arity(code, open_paren):
-    """Number of top-level arguments of the call whose '(' is at open_paren."""
-    depth, args, empty = 0, 1, True
+def arguments(code, open_paren):
+    """The top-level arguments (text) of the call whose '(' is at open_paren."""
+    depth, args, current = 0, [], []
     for ch in code[open_paren + 1:]:
         if ch == "(":
             depth += 1
         elif ch == ")":
             if depth == 0:
-                return 0 if empty else args
+                break
             depth -= 1
         elif ch == "," and depth == 0:
-            args += 1
-        if not ch.isspace():
-            empty = False
-    return args  # an unclosed call in a string: as far as it goes
+            args.append("".join(current).strip())
+            current = []
+            continue
+        current.append(ch)
+    last = "".join(current).strip()
+    return args + [last] if args or last else args  # an unclosed call in a string: so far
+
+
+def candidate_types(arg):
+    """The types a look-alike's parameter may have to match this argument better than the
+    real function does: a literal's own type and those it converts to, else COMMON."""
+    cast = re.search(r"::\s*([\w.]+(?:\s+\w+)*)\s*$", arg)
+    if cast:
+        return [cast.group(1)]
+    if re.fullmatch(r"-?\d+", arg):
+        return ["integer", "bigint", "numeric", "double precision"]
+    if re.fullmatch(r"-?\d*\.\d+(e-?\d+)?", arg, re.I):
+        return ["numeric", "double precision", "real"]
+    if arg == "''":  # a string literal (blanked): unknown, which prefers text
+        return ["text"]
+    if arg.lower() in ("true", "false"):
+        return ["boolean"]
+    return COMMON
 
 
 def calls_and_operators(texts):
-    """{name: {arities}} of every `name(` and the set of operator symbols, over all scripts."""
-    calls = collections.defaultdict(set)
+    """{name: [argument lists of each call]} of every `name(` (the arguments as written),
+    and the set of operator symbols, over all scripts."""
+    calls = collections.defaultdict(list)
     operators = set()
     for text in texts:
         code, strings = split_code(text)
@@ -134,7 +162,7 @@ def calls_and_operators(texts):
                 name = word[1:-1].replace('""', '"') if word.startswith('"') else word.lower()
                 if name.lower() in SYNTAX or name.isdigit():
                     continue
-                calls[name].add(arity(source, m.end() - 1))
+                calls[name].append(arguments(source, m.end() - 1))
         for m in re.finditer(r"[+\-*/<>=~!@#%^&|`?]+", re.sub(r"\$\w*\$", " ", code)):
             operators.add(m.group(0))
     return calls, {op for op in operators if valid_operator(op)}
@@ -149,13 +177,19 @@ def valid_operator(op):
     return set(op) <= OPERATOR_CHARS
 
 
-def signatures(arities):
-    """Argument lists of the look-alikes for a name called with these arities."""
+def signatures(sites):
+    """Argument lists of the look-alikes for a name called with these arguments: for each
+    call, every type alone at every position (EVERY), every combination of COMMON up to three
+    arguments, and the combinations of what each argument written there may match best;
+    and variadic forms."""
     out = set()
-    for n in arities:
+    for args in sites:
+        n = len(args)
         if n <= 3:
             out.update(itertools.product(COMMON, repeat=n))
         out.update((t,) * n for t in EVERY)
+        per_site = list(itertools.islice(itertools.product(*[candidate_types(a) for a in args]), 64))
+        out.update(per_site)
     out.update(("VARIADIC " + t,) for t in VARIADIC)
     return out
 
@@ -183,6 +217,21 @@ class Sweep:
                           AND d.classid = 'pg_proc'::regclass"""))
                 c.execute("DROP EXTENSION snowflake")
             self.own = own
+            # Each look-alike's parameter types as PostgreSQL names them (a cast in a script
+            # may say pg_catalog.int8); a type that does not exist before the extension does
+            # (its own composite types) cannot be planted and is left out.
+            wanted = {name: signatures(sites) for name, sites in self.calls.items()}
+            spelled = {t.replace("VARIADIC ", "") for sigs in wanted.values() for sig in sigs for t in sig}
+            canonical = dict(c.execute("""SELECT t, pg_catalog.to_regtype(t)::text
+                                            FROM pg_catalog.unnest(%s::text[]) t""", (sorted(spelled),)))
+            self.signatures = {}
+            for name, sigs in wanted.items():
+                self.signatures[name] = set()
+                for sig in sigs:
+                    if all(canonical[t.replace("VARIADIC ", "")] for t in sig):
+                        self.signatures[name].add(tuple(
+                            ("VARIADIC " if t.startswith("VARIADIC ") else "")
+                            + canonical[t.replace("VARIADIC ", "")] for t in sig))
             c.execute("CREATE EXTENSION snowflake")
             self.returns = {}
             for name, ret in c.execute(
@@ -218,9 +267,9 @@ class Sweep:
                     f"EXECUTE 'ALTER ROLE {actor} SUPERUSER'; "
                     f"RETURN {value}; END$sweep$")
 
-        for name, arities in sorted(self.calls.items()):
+        for name in sorted(self.calls):
             ret = self.returns.get(name, "text")
-            for args in sorted(signatures(arities)):
+            for args in sorted(self.signatures[name]):
                 plain = ", ".join(a.replace("VARIADIC ", "") for a in args)
                 if f"{name}({plain})" in self.own:
                     continue
@@ -246,6 +295,7 @@ def sql_literal(text):
 
 
 class CaptureCase(unittest.TestCase):
+    maxDiff = None
     pg = None
     sweep = None
 
@@ -342,7 +392,7 @@ class CaptureSweep(CaptureCase):
     def test_sweep_covers_the_known_capture(self):
         # The sweep is derived from the scripts: the call of the issue is among them, with the
         # look-alike that captured it.
-        self.assertIn(1, self.sweep.calls["snowflake_to_timestamp"])
+        self.assertIn(["0"], self.sweep.calls["snowflake_to_timestamp"])
         plants = "\n".join(self.sweep.statements("public", "dbo"))
         self.assertIn('CREATE FUNCTION public."snowflake_to_timestamp"(integer) RETURNS timestamp with time zone',
                       plants)
