@@ -136,6 +136,8 @@ install_extension() {
     (cd "$REPO_ROOT" && cargo pgrx install --release --pg-config "$PG_CONFIG" \
         --no-default-features --features "pg${PG_MAJOR}")
     install_released_scripts "$("$PG_CONFIG" --sharedir)/extension"
+    # The secondary control files (earlier versions for superusers only: docs/upgrades.md).
+    install -m 644 "$REPO_ROOT"/sql/snowflake--*.control "$("$PG_CONFIG" --sharedir)/extension/"
 }
 
 # build_revision_library REV WORKTREE OUT: builds an earlier revision's library (release)

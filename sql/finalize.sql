@@ -42,10 +42,13 @@ COMMENT ON FUNCTION @extschema@.snowflake_decode(bigint, text) IS
 -- runs its owner's code (CHECK constraints, index expressions) with the caller's rights: run
 -- by a superuser on another role's table, that code would run as the superuser. So the table
 -- (and its partitions and inheritors) must be the caller's own, and a referencing column in
--- another role's table is refused, naming the table, unless include_others_tables: then it is
--- widened as its owner, in a security-restricted operation
--- (snowflake_widen_foreign_key_column()). A referencing table whose partitions or inheritors
--- have other owners is refused: altering it would run their code as its owner.
+-- another role's table is refused, naming the table, unless include_others_tables and the
+-- caller has that role's privileges: then it is widened as its owner, in a
+-- security-restricted operation (snowflake_widen_foreign_key_column()). Without the owner's
+-- privileges it is refused even then: the owner's code would run in the caller's session,
+-- where the caller's temporary objects can capture its unqualified names. A referencing
+-- table whose partitions or inheritors have other owners is refused: altering it would run
+-- their code as its owner.
 -- The extension's own functions are found by OID (members of the extension, owned by a
 -- superuser), never by schema name: the owner of the extension's schema can rename it and
 -- create look-alikes under the old name.
@@ -207,8 +210,20 @@ BEGIN
                             fk_columns[i], fk_rels[i], tbl, col, fk_rels[i], fk_owners[i]::pg_catalog.regrole
                 USING ERRCODE = 'insufficient_privilege',
                       DETAIL = pg_catalog.format('The column must become bigint with %s.%I. Altering a table rewrites it, which runs its owner''s code with the rights of the role that alters it.', tbl, col),
-                      HINT = pg_catalog.format('Let role %s run ALTER TABLE %s ALTER COLUMN %I TYPE bigint first, or call snowflake_convert_column(%L, %L, include_others_tables => true) to widen it as its owner.',
-                                               fk_owners[i]::pg_catalog.regrole, fk_rels[i], fk_columns[i], tbl::pg_catalog.text, col);
+                      HINT = pg_catalog.format('Let role %s run ALTER TABLE %s ALTER COLUMN %I TYPE bigint first, or, as a role with the privileges of role %s, call snowflake_convert_column(%L, %L, include_others_tables => true) to widen it as its owner.',
+                                               fk_owners[i]::pg_catalog.regrole, fk_rels[i], fk_columns[i], fk_owners[i]::pg_catalog.regrole, tbl::pg_catalog.text, col);
+        END IF;
+        -- Widening runs the owner's code in this session, where an unqualified name in it
+        -- can find this session's temporary objects: only for a caller that has the
+        -- owner's privileges, who gains nothing by that (see convert.rs).
+        IF fk_owners[i] OPERATOR(pg_catalog.<>) me
+           AND NOT pg_catalog.pg_has_role(fk_owners[i], 'USAGE'::pg_catalog.text) THEN
+            RAISE EXCEPTION 'permission denied to widen column "%" of relation %', fk_columns[i], fk_rels[i]
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = pg_catalog.format('Column %I of relation %s references %s.%I and must become bigint. Relation %s is owned by role %s; widening it runs that role''s code (CHECK constraints, index expressions) in this session, which only a role with the privileges of %s may do.',
+                                                 fk_columns[i], fk_rels[i], tbl, col, fk_rels[i], fk_owners[i]::pg_catalog.regrole, fk_owners[i]::pg_catalog.regrole),
+                      HINT = pg_catalog.format('Let role %s run ALTER TABLE %s ALTER COLUMN %I TYPE bigint, then call snowflake_convert_column() again.',
+                                               fk_owners[i]::pg_catalog.regrole, fk_rels[i], fk_columns[i]);
         END IF;
     END LOOP;
 

@@ -24,3 +24,225 @@ BEGIN
         id_column, origin_column, tbl);
 END
 $collisions$;
+
+-- snowflake_convert_column(): widening another role's referencing table (include_others_tables)
+-- needs the privileges of that role too: the widening runs its code in the caller's session,
+-- where the caller's temporary objects could capture its unqualified names (issue 35).
+CREATE OR REPLACE FUNCTION @extschema@.snowflake_convert_column(tbl regclass, col name, include_others_tables boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql STRICT
+SET search_path = pg_catalog, pg_temp
+AS $convert$
+DECLARE
+    att        record;
+    kind       text;
+    seq        text;
+    fk_rels      pg_catalog.regclass[];
+    fk_columns   name[];
+    fk_owners    oid[];
+    fk_inherited boolean[];
+    fk_mixed     pg_catalog.regclass[];
+    foreign_owner record;
+    next_fn      pg_catalog.regproc;
+    from_ts_fn   pg_catalog.regproc;
+    widen_fn     pg_catalog.regproc;
+    max_value  bigint;
+    first_new  bigint;
+    rel_kind   "char";
+    me         oid;
+BEGIN
+    SELECT c.relkind INTO rel_kind FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) tbl;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'relation with OID % does not exist', tbl::pg_catalog.oid
+            USING ERRCODE = 'undefined_table';
+    END IF;
+    IF rel_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table', tbl
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'snowflake_convert_column() converts a column of an ordinary or partitioned table.';
+    END IF;
+
+    SELECT pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_next' AND p.pronargs OPERATOR(pg_catalog.=) 0),
+           pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_from_timestamp'),
+           pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_widen_foreign_key_column')
+      INTO next_fn, from_ts_fn, widen_fn
+      FROM pg_catalog.pg_extension e
+      JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'
+           AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+      JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.objid
+      JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner AND o.rolsuper
+     WHERE e.extname OPERATOR(pg_catalog.=) 'snowflake';
+    IF next_fn IS NULL OR from_ts_fn IS NULL OR widen_fn IS NULL THEN
+        RAISE EXCEPTION 'the snowflake extension''s functions are missing or altered'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'snowflake_convert_column() calls snowflake_next(), snowflake_from_timestamp() and snowflake_widen_foreign_key_column() as members of the extension owned by a superuser.',
+                  HINT = 'Run ALTER EXTENSION snowflake UPDATE, or recreate the extension.';
+    END IF;
+
+    -- The table and everything that inherits from it must be the current role's own.
+    SELECT r.oid INTO me FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER;
+    SELECT o.rel, o.owner INTO foreign_owner
+      FROM (WITH RECURSIVE tree(rel) AS (
+                SELECT tbl::pg_catalog.oid
+                UNION
+                SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree t ON i.inhparent OPERATOR(pg_catalog.=) t.rel)
+            SELECT t.rel::pg_catalog.regclass AS rel, c.relowner::pg_catalog.regrole AS owner, c.relowner
+              FROM tree t JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.rel) o
+     WHERE o.relowner OPERATOR(pg_catalog.<>) me
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'permission denied to convert column "%" of relation %', col, tbl
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = pg_catalog.format('Relation %s is owned by role %s, not by the current role %I. Converting rewrites it, which runs its owner''s code (CHECK constraints, index expressions) with the rights of the role that converts.', foreign_owner.rel, foreign_owner.owner, CURRENT_USER),
+                  HINT = pg_catalog.format('Connect as role %s (the owner) and call snowflake_convert_column() there.', foreign_owner.owner);
+    END IF;
+
+    SELECT a.attnum, a.atttypid, a.attidentity, a.attgenerated,
+           pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS default_expr
+      INTO att
+      FROM pg_catalog.pg_attribute a
+      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid OPERATOR(pg_catalog.=) a.attrelid AND d.adnum OPERATOR(pg_catalog.=) a.attnum
+     WHERE a.attrelid OPERATOR(pg_catalog.=) tbl AND a.attname OPERATOR(pg_catalog.=) col AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'column "%" of relation % does not exist', col, tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
+
+    IF att.atttypid NOT IN ('pg_catalog.int2'::pg_catalog.regtype,
+                            'pg_catalog.int4'::pg_catalog.regtype,
+                            'pg_catalog.int8'::pg_catalog.regtype) THEN
+        RAISE EXCEPTION 'column "%" of relation % has type %', col, tbl,
+                        pg_catalog.format_type(att.atttypid, NULL)
+            USING ERRCODE = 'datatype_mismatch',
+                  DETAIL = 'Snowflake IDs need an integer column: smallint, integer or bigint (widened to bigint).',
+                  HINT = 'Add a new bigint column with DEFAULT snowflake_next() instead.';
+    END IF;
+
+    IF att.attgenerated OPERATOR(pg_catalog.<>) '' THEN
+        kind := NULL;
+    ELSIF att.attidentity IN ('a', 'd') THEN
+        kind := 'identity';
+    ELSIF att.default_expr LIKE 'nextval(%' THEN
+        kind := 'sequence';
+    ELSIF att.default_expr OPERATOR(pg_catalog.=) (next_fn::pg_catalog.text OPERATOR(pg_catalog.||) '()') THEN
+        -- Compared by OID (regproc prints it as pg_get_expr does): a snowflake_next() of
+        -- another schema is not ours.
+        RAISE NOTICE 'column "%" of relation % already defaults to snowflake_next()', col, tbl;
+        RETURN;
+    END IF;
+    IF kind IS NULL THEN
+        RAISE EXCEPTION 'column "%" of relation % is not a serial, identity or sequence-default column', col, tbl
+            USING ERRCODE = 'feature_not_supported',
+                  DETAIL = pg_catalog.format('Its default is %s.', COALESCE(att.default_expr, 'not set')),
+                  HINT = pg_catalog.format('Set the default by hand: ALTER TABLE %s ALTER COLUMN %I SET DEFAULT snowflake_next();', tbl, col);
+    END IF;
+
+    -- Foreign keys that reference the column must hold the new, larger values too, whatever
+    -- the key's own type was. A foreign key of a partitioned table is widened on the
+    -- partitioned table (which widens its partitions); its copies on the partitions are
+    -- skipped. Checked before anything changes: another role's table is refused unless asked for.
+    SELECT COALESCE(pg_catalog.array_agg(c.conrelid::pg_catalog.regclass), '{}'),
+           COALESCE(pg_catalog.array_agg(a.attname), '{}'),
+           COALESCE(pg_catalog.array_agg(r.relowner), '{}'),
+           COALESCE(pg_catalog.array_agg(a.attinhcount OPERATOR(pg_catalog.>) 0 AND NOT r.relispartition), '{}'),
+           COALESCE(pg_catalog.array_agg(mixed.rel), '{}')
+      INTO fk_rels, fk_columns, fk_owners, fk_inherited, fk_mixed
+      FROM pg_catalog.pg_constraint c
+      CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(c.confkey), pg_catalog.unnest(c.conkey)) AS k(ref_att, own_att)
+      JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.conrelid AND a.attnum OPERATOR(pg_catalog.=) k.own_att
+      JOIN pg_catalog.pg_class r ON r.oid OPERATOR(pg_catalog.=) c.conrelid
+      -- A partition or inheritor of the referencing table with another owner, if any.
+      LEFT JOIN LATERAL (
+            WITH RECURSIVE tree(rel) AS (
+                SELECT c.conrelid
+                UNION
+                SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree t ON i.inhparent OPERATOR(pg_catalog.=) t.rel)
+            SELECT t.rel::pg_catalog.regclass AS rel
+              FROM tree t JOIN pg_catalog.pg_class d ON d.oid OPERATOR(pg_catalog.=) t.rel
+             WHERE d.relowner OPERATOR(pg_catalog.<>) r.relowner
+             LIMIT 1) mixed ON true
+     WHERE c.contype OPERATOR(pg_catalog.=) 'f' AND c.confrelid OPERATOR(pg_catalog.=) tbl
+       AND k.ref_att OPERATOR(pg_catalog.=) att.attnum
+       AND c.conparentid OPERATOR(pg_catalog.=) 0
+       AND a.atttypid OPERATOR(pg_catalog.<>) 'pg_catalog.int8'::pg_catalog.regtype;
+    FOR i IN 1 .. COALESCE(pg_catalog.array_length(fk_rels, 1), 0) LOOP
+        IF fk_inherited[i] THEN
+            RAISE EXCEPTION 'cannot widen inherited column "%" of relation %', fk_columns[i], fk_rels[i]
+                USING ERRCODE = 'feature_not_supported',
+                      DETAIL = pg_catalog.format('Its foreign key references %s.%I, which becomes bigint; the column is inherited from a parent table.', tbl, col),
+                      HINT = pg_catalog.format('Widen the column on the topmost parent table (ALTER TABLE ... ALTER COLUMN %I TYPE bigint), then call snowflake_convert_column() again.', fk_columns[i]);
+        END IF;
+        IF fk_mixed[i] IS NOT NULL THEN
+            RAISE EXCEPTION 'relation % has owners other than role %: relation % is owned by role %',
+                            fk_rels[i], fk_owners[i]::pg_catalog.regrole, fk_mixed[i],
+                            (SELECT m.relowner::pg_catalog.regrole FROM pg_catalog.pg_class m WHERE m.oid OPERATOR(pg_catalog.=) fk_mixed[i])
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = pg_catalog.format('Column %I of relation %s references %s.%I and must become bigint; altering it alters its partitions and inheritors too, which would run their owners'' code with the rights of the role that alters it.', fk_columns[i], fk_rels[i], tbl, col),
+                      HINT = pg_catalog.format('Give every table of the tree under %s one owner (ALTER TABLE ... OWNER TO), after checking its code, then call snowflake_convert_column() again.', fk_rels[i]);
+        END IF;
+        IF fk_owners[i] OPERATOR(pg_catalog.<>) me AND NOT include_others_tables THEN
+            RAISE EXCEPTION 'column "%" of relation % references %.%, but relation % is owned by role %',
+                            fk_columns[i], fk_rels[i], tbl, col, fk_rels[i], fk_owners[i]::pg_catalog.regrole
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = pg_catalog.format('The column must become bigint with %s.%I. Altering a table rewrites it, which runs its owner''s code with the rights of the role that alters it.', tbl, col),
+                      HINT = pg_catalog.format('Let role %s run ALTER TABLE %s ALTER COLUMN %I TYPE bigint first, or, as a role with the privileges of role %s, call snowflake_convert_column(%L, %L, include_others_tables => true) to widen it as its owner.',
+                                               fk_owners[i]::pg_catalog.regrole, fk_rels[i], fk_columns[i], fk_owners[i]::pg_catalog.regrole, tbl::pg_catalog.text, col);
+        END IF;
+        -- Widening runs the owner's code in this session, where an unqualified name in it
+        -- can find this session's temporary objects: only for a caller that has the
+        -- owner's privileges, who gains nothing by that (see convert.rs).
+        IF fk_owners[i] OPERATOR(pg_catalog.<>) me
+           AND NOT pg_catalog.pg_has_role(fk_owners[i], 'USAGE'::pg_catalog.text) THEN
+            RAISE EXCEPTION 'permission denied to widen column "%" of relation %', fk_columns[i], fk_rels[i]
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = pg_catalog.format('Column %I of relation %s references %s.%I and must become bigint. Relation %s is owned by role %s; widening it runs that role''s code (CHECK constraints, index expressions) in this session, which only a role with the privileges of %s may do.',
+                                                 fk_columns[i], fk_rels[i], tbl, col, fk_rels[i], fk_owners[i]::pg_catalog.regrole, fk_owners[i]::pg_catalog.regrole),
+                      HINT = pg_catalog.format('Let role %s run ALTER TABLE %s ALTER COLUMN %I TYPE bigint, then call snowflake_convert_column() again.',
+                                               fk_owners[i]::pg_catalog.regrole, fk_rels[i], fk_columns[i]);
+        END IF;
+    END LOOP;
+
+    -- Existing values must stay below the IDs that will follow them.
+    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I)::bigint FROM %s', col, tbl) INTO max_value;
+    EXECUTE pg_catalog.format('SELECT %s(pg_catalog.clock_timestamp())', from_ts_fn) INTO first_new;
+    IF max_value OPERATOR(pg_catalog.>=) first_new THEN
+        RAISE EXCEPTION 'existing values of column "%" of relation % reach the snowflake ID range', col, tbl
+            USING ERRCODE = 'numeric_value_out_of_range',
+                  DETAIL = pg_catalog.format('The largest value is %s; new snowflake IDs start near %s.', max_value, first_new),
+                  HINT = 'Renumber the existing rows below that value, or add a new column.';
+    END IF;
+
+    seq := pg_catalog.pg_get_serial_sequence(tbl::pg_catalog.text, col::pg_catalog.text);
+    IF kind OPERATOR(pg_catalog.=) 'identity' THEN
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', tbl, col);
+    ELSE
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP DEFAULT', tbl, col);
+        IF seq IS NOT NULL THEN
+            -- A serial's own sequence goes with it, unless something else still uses it.
+            BEGIN
+                EXECUTE pg_catalog.format('DROP SEQUENCE %s', seq);
+            EXCEPTION WHEN dependent_objects_still_exist THEN
+                RAISE NOTICE 'sequence % is still used elsewhere and was kept', seq;
+            END;
+        END IF;
+    END IF;
+
+    IF att.atttypid OPERATOR(pg_catalog.<>) 'pg_catalog.int8'::pg_catalog.regtype THEN
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, col);
+    END IF;
+    FOR i IN 1 .. COALESCE(pg_catalog.array_length(fk_rels, 1), 0) LOOP
+        IF fk_owners[i] OPERATOR(pg_catalog.=) me THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', fk_rels[i], fk_columns[i]);
+        ELSE
+            EXECUTE pg_catalog.format('SELECT %s($1, $2, $3)', widen_fn)
+                USING fk_rels[i]::pg_catalog.oid, fk_columns[i]::pg_catalog.text, tbl::pg_catalog.oid;
+        END IF;
+        RAISE NOTICE 'widened %.% to bigint', fk_rels[i], fk_columns[i];
+    END LOOP;
+
+    EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s()', tbl, col, next_fn);
+END
+$convert$;
+COMMENT ON FUNCTION @extschema@.snowflake_convert_column(regclass, name, boolean) IS
+    'Moves a serial, identity or sequence-default column to DEFAULT snowflake_next(), widening it and referencing columns to bigint (other roles'' tables only with include_others_tables, as their owners)';

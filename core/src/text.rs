@@ -27,6 +27,11 @@ pub enum TextError {
         /// The ID's time, Unix ms.
         unix_ms: i64,
     },
+    /// The result could not be allocated (its size is the caller's).
+    OutOfMemory {
+        /// The size asked for, in bytes.
+        bytes: usize,
+    },
     /// A serial shorter than its digits.
     SerialTooShort {
         /// Characters in the text.
@@ -92,8 +97,17 @@ pub fn to_serial(prefix: &str, id: i64, epoch: Epoch) -> Result<String, TextErro
     if year > 9999 {
         return Err(TextError::YearOutOfRange { unix_ms });
     }
-    Ok(format!(
-        "{prefix}{year:04}{month:02}{day:02}{:02}{:02}{:02}{:03}{:02}{:02}{:04}",
+    // The prefix is the caller's (up to 1 GB): a failed allocation is an error, not the
+    // process abort that `format!` would make of it.
+    let mut serial = String::new();
+    serial
+        .try_reserve_exact(prefix.len() + SERIAL_DIGITS)
+        .map_err(|_| TextError::OutOfMemory {
+            bytes: prefix.len() + SERIAL_DIGITS,
+        })?;
+    serial.push_str(prefix);
+    let digits = format!(
+        "{year:04}{month:02}{day:02}{:02}{:02}{:02}{:03}{:02}{:02}{:04}",
         ms_of_day / 3_600_000,
         ms_of_day / 60_000 % 60,
         ms_of_day / 1_000 % 60,
@@ -101,7 +115,10 @@ pub fn to_serial(prefix: &str, id: i64, epoch: Epoch) -> Result<String, TextErro
         parts.datacenter_id,
         parts.worker_id,
         parts.sequence,
-    ))
+    );
+    debug_assert_eq!(digits.len(), SERIAL_DIGITS);
+    serial.push_str(&digits);
+    Ok(serial)
 }
 
 /// Parses a serial made by [`to_serial`] with any prefix: its last 25 characters.

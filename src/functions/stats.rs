@@ -13,7 +13,6 @@ use crate::server::errors;
 use crate::server::gucs;
 use crate::server::rows::{cell, result_row, timestamptz};
 use snowflake_core::claim::ClaimStatus;
-use snowflake_core::secrets::redacted;
 use snowflake_core::settings::WorkerId;
 
 /// The `snowflake_stats_row` of `snowflake_stats()`: configuration, position and counters,
@@ -70,10 +69,7 @@ pub(crate) fn row(fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, Allo
             "worker_id_source",
             config.map(|_| if auto { "registry" } else { "configuration" }),
         ),
-        cell(
-            "registry",
-            gucs::registry().filter(|_| auto).map(|r| redacted(&r)),
-        ),
+        cell("registry", gucs::registry_for_caller().filter(|_| auto)),
         cell("claim_status", auto.then(|| claim.status.name())),
         cell(
             "claim_expires_at",

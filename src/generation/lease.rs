@@ -22,7 +22,6 @@ use snowflake_core::durable::{
 };
 use snowflake_core::generator::{Generator, Resumed};
 use snowflake_core::layout::{Epoch, EpochMs, UnixMs};
-use snowflake_core::secrets::redacted;
 use snowflake_core::settings::{check_epoch_at, Config, WorkerId};
 
 thread_local! {
@@ -243,8 +242,14 @@ fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
         let claim = *shmem::CLAIM.share();
         let waiting = matches!(claim.status, ClaimStatus::Starting | ClaimStatus::Held);
         if !waiting || now_mono.saturating_sub(started) > timing.ttl_ms() {
-            let registry = gucs::registry().map(|r| redacted(&r)).unwrap_or_default();
-            let mut detail = claim.detail();
+            let registry = gucs::registry_for_caller().unwrap_or_default();
+            // What the registry worker last reported can quote the registry's own text and
+            // other servers' claims: only for roles that may read snowflake.registry.
+            let mut detail = if gucs::caller_may_read_registry() {
+                claim.detail()
+            } else {
+                format!("The registry worker's last report is in the server log; only superusers and members of pg_read_all_settings see it here (the claim's state: {}).", claim.status.name())
+            };
             if claim.status == ClaimStatus::Held {
                 detail = format!(
                     "The claim allows IDs up to {} ms past its last renewal; the next ID's time is {} ms past this server's clock, and the claim was not renewed in time.",

@@ -63,9 +63,9 @@ unsafe fn server_to_utf8(bytes: &[u8]) -> String {
             pg_sys::pg_enc::PG_UTF8 as i32,
         );
         if out.cast_const().cast::<u8>() == bytes.as_ptr() {
-            bytes.to_vec()
+            copy_or_out_of_memory(bytes)
         } else {
-            std::ffi::CStr::from_ptr(out).to_bytes().to_vec()
+            copy_or_out_of_memory(std::ffi::CStr::from_ptr(out).to_bytes())
         }
     };
     match String::from_utf8(converted) {
@@ -73,6 +73,20 @@ unsafe fn server_to_utf8(bytes: &[u8]) -> String {
         // Only a UTF-8 database hands bytes over unchecked, and it has validated them.
         Err(e) => invalid_utf8(e.as_bytes()),
     }
+}
+
+/// `bytes` copied into Rust memory, or PostgreSQL's 53200 when the allocation fails.
+///
+/// The size is the caller's (a `text` argument can hold up to 1 GB), and a failed Rust
+/// allocation aborts the process, which makes the postmaster restart the whole server: a
+/// fallible reservation turns it into the error PostgreSQL's own palloc would raise.
+pub fn copy_or_out_of_memory(bytes: &[u8]) -> Vec<u8> {
+    let mut copy = Vec::new();
+    if copy.try_reserve_exact(bytes.len()).is_err() {
+        crate::server::errors::out_of_memory(bytes.len()).raise("snowflake");
+    }
+    copy.extend_from_slice(bytes);
+    copy
 }
 
 /// Raises PostgreSQL's own 22021 for bytes that are not UTF-8.

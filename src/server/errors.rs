@@ -538,6 +538,32 @@ pub fn not_owner_of_referenced(referencing: &str) -> SnowflakeError {
     )
 }
 
+/// `snowflake_widen_foreign_key_column()` called by a role without the privileges of the
+/// referencing table's owner: the ALTER would run that owner's code inside the caller's
+/// session, where the caller's temporary objects can capture its unqualified names.
+pub fn not_member_of_referencing_owner(
+    referencing: &str,
+    column: &str,
+    owner: &str,
+) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        format!("permission denied to widen column \"{column}\" of relation {referencing}"),
+        format!("Relation {referencing} is owned by role {owner}. Widening it runs that role's code (CHECK constraints, index expressions) in this session, which only a role with the privileges of {owner} may do."),
+        format!("Let role {owner} run ALTER TABLE {referencing} ALTER COLUMN \"{}\" TYPE bigint, then call snowflake_convert_column() again.", column.replace('"', "\"\"")),
+    )
+}
+
+/// A Rust allocation of a size a caller chose failed: PostgreSQL's own error for that.
+pub fn out_of_memory(bytes: usize) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY,
+        "out of memory",
+        format!("Failed on request of size {bytes} bytes."),
+        "",
+    )
+}
+
 /// A batch or block size out of range.
 pub fn bad_count(what: &str, n: i32, max: i32) -> SnowflakeError {
     SnowflakeError::new(
@@ -833,6 +859,7 @@ pub fn text(err: TextError) -> SnowflakeError {
             format!("The ID's time {} is after year 9999; a serial has a 4-digit year.", ms(unix_ms)),
             "Use snowflake_to_base32() or the ID itself for IDs this far in the future.",
         ),
+        TextError::OutOfMemory { bytes } => out_of_memory(bytes),
         TextError::SerialTooLong { prefix_bytes } => SnowflakeError::new(
             ERRCODE_PROGRAM_LIMIT_EXCEEDED,
             "snowflake serial would be too long",

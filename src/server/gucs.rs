@@ -503,3 +503,36 @@ pub fn claim_timing() -> snowflake_core::claim::ClaimTiming {
 pub fn epoch() -> Option<Result<Epoch, SettingError>> {
     AT_START.get().map(|at_start| at_start.epoch.clone())
 }
+
+/// Whether the current role may see `snowflake.registry` and what the registry said: a
+/// superuser or a member of `pg_read_all_settings`, PostgreSQL's own rule for a
+/// superuser-only setting. Other roles see which kind of registry it is and the claim's
+/// state, never its hosts, its users or a registry's own text (which may name other
+/// servers and their claim tokens).
+pub fn caller_may_read_registry() -> bool {
+    // SAFETY: plain catalog lookups of the current user, in a backend.
+    unsafe {
+        pg_sys::superuser()
+            || pg_sys::has_privs_of_role(
+                pg_sys::GetUserId(),
+                pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_SETTINGS),
+            )
+    }
+}
+
+/// `snowflake.registry` as the current role may see it: the redacted URI
+/// (`scheme://[user@]hosts[/database]`) for a role that may read the setting, and only its
+/// scheme (`redis://…`) for any other.
+pub fn registry_for_caller() -> Option<String> {
+    let uri = registry()?;
+    if caller_may_read_registry() {
+        return Some(snowflake_core::secrets::redacted(&uri));
+    }
+    let scheme = uri.split_once("://").map(|(s, _)| s).unwrap_or("registry");
+    let scheme: String = scheme
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        .take(32)
+        .collect();
+    Some(format!("{scheme}://…"))
+}

@@ -21,6 +21,7 @@ each reproduced against a real cluster, with the behaviour the extension must sh
 import os
 import random
 import socket
+import subprocess
 import threading
 import time
 import unittest
@@ -102,7 +103,9 @@ class RegistryPasswordIsNeverShown(SecurityCase):
     in a password= parameter). With the registry down, an ordinary role reads
     snowflake_stats, provokes snowflake_next()'s 55000 error and looks at pg_settings; the
     server log is read too. The password must appear in none of them, while the view still
-    names the registry's scheme, user, host:port and database."""
+    names the registry's scheme, user, host:port and database to the superuser, and only its
+    scheme to the ordinary role: neither the registry's address nor its client's error text
+    reaches a role that may not read snowflake.registry."""
 
     @classmethod
     def setUpClass(cls):
@@ -167,13 +170,21 @@ class RegistryPasswordIsNeverShown(SecurityCase):
                 with connect(self.pg, "mallory") as m:
                     shown = m.execute("SELECT registry FROM snowflake_stats").fetchone()[0]
                     hidden(shown, "snowflake_stats (ordinary role)")
-                    display(shown, "mallory")
+                    # An ordinary role sees the kind of registry, not its hosts or users
+                    # (snowflake.registry is a superuser-only setting).
+                    if shown != f"{scheme}://…":
+                        problems.append(f"mallory: snowflake_stats.registry is {shown!r}, not {scheme}://…")
 
                     e = self.failing(m, "SELECT snowflake_next()")
                     if e.sqlstate != "55000":
                         problems.append(f"snowflake_next() gave {e.sqlstate}, not 55000: {e}")
                     for name in ("message_primary", "message_detail", "message_hint", "context"):
                         hidden(getattr(e.diag, name), f"snowflake_next()'s {name} (ordinary role)")
+                        # Nor the registry's address, or what the registry or its client said.
+                        for shown_to_all in (str(self.port), "127.0.0.1", "onnection", "os error"):
+                            if shown_to_all in (getattr(e.diag, name) or ""):
+                                problems.append(f"snowflake_next()'s {name} shows {shown_to_all!r} "
+                                                f"to an ordinary role: {getattr(e.diag, name)!r}")
 
                     settings = m.execute("""SELECT name, setting, reset_val, boot_val FROM pg_settings
                                              WHERE name LIKE 'snowflake.%'""").fetchall()
@@ -187,6 +198,11 @@ class RegistryPasswordIsNeverShown(SecurityCase):
                     shown = su.execute("SELECT registry FROM snowflake_stats").fetchone()[0]
                     hidden(shown, "snowflake_stats (superuser)")
                     display(shown, "the superuser")
+                    e = self.failing(su, "SELECT snowflake_next()")
+                    for name in ("message_primary", "message_detail", "message_hint", "context"):
+                        hidden(getattr(e.diag, name), f"snowflake_next()'s {name} (superuser)")
+                    if self.host not in (e.diag.message_primary or ""):
+                        problems.append(f"the superuser's error does not name the registry: {e.diag.message_primary!r}")
                 for line in self.pg.log()[log_from:].splitlines():
                     hidden(line, "the server log")
                 if problems:
@@ -206,8 +222,11 @@ def plant(pg, db, epoch_ms, member, rows=120_000):
     snowflake_origin existed), then a public.snowflake_origin of its own with `rows` random
     system identifiers recording `epoch_ms`; `member`: also made a member of the extension."""
     pg.sql(f"CREATE DATABASE {db} OWNER dbowner")
+    # Earlier versions are for superusers only (sql/snowflake--0.1.0.control): as installed by
+    # its database owner while 0.2.0 was trusted, the extension is then made dbowner's.
+    pg.sql("CREATE EXTENSION snowflake VERSION '0.2.0'", dbname=db)
+    pg.sql("UPDATE pg_extension SET extowner = 'dbowner'::regrole WHERE extname = 'snowflake'", dbname=db)
     with connect(pg, "dbowner", db) as c:
-        c.execute("CREATE EXTENSION snowflake VERSION '0.2.0'")
         c.execute("""CREATE TABLE public.snowflake_origin (system_identifier bigint, epoch_unix_ms bigint,
                                                            recorded_at timestamptz DEFAULT now())""")
         c.execute("SELECT setseed(0.5)")
@@ -611,6 +630,49 @@ class ConvertColumnEscalation(SecurityCase):
             self.assertEqual(default, "public_old.snowflake_next()")
         self.assertFalse(self.pg.one("SELECT rolsuper FROM pg_roles WHERE rolname = 'dbowner_r'"))
 
+    def test_widening_a_higher_owners_table_cannot_reach_the_callers_session(self):
+        # Found by the second review: mallory owns the referenced table, a superuser owns the
+        # referencing one, whose CHECK function reads a table by an unqualified name. The
+        # widening ran as the superuser (in a security-restricted operation, search_path
+        # pinned to pg_catalog, pg_temp) but inside mallory's session: the unqualified name
+        # found mallory's temporary view, whose function call ran as the superuser. Now
+        # another owner's table is widened only for a caller that has that owner's
+        # privileges (what PostgreSQL itself requires to ALTER it), so nothing of the
+        # caller's session can run with more rights than the caller has.
+        with self.pg.connect(self.db) as su:
+            su.execute("CREATE TABLE public.rates (r int)")
+            su.execute("INSERT INTO public.rates VALUES (1)")
+            for width in ("integer", "bigint"):  # the CHECK is parsed again for the bigint column
+                su.execute(f"""CREATE FUNCTION public.ledger_ok(v {width}) RETURNS boolean LANGUAGE plpgsql AS
+                               $$BEGIN RETURN (SELECT count(*) >= 0 FROM rates); END$$""")
+        with connect(self.pg, "mallory", self.db) as m:
+            m.execute("CREATE TABLE public.accounts (id serial PRIMARY KEY)")
+            m.execute("INSERT INTO public.accounts DEFAULT VALUES")
+            m.execute("""CREATE FUNCTION public.mallory_payload() RETURNS int LANGUAGE plpgsql AS $f$
+                         BEGIN
+                             BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER';
+                             EXCEPTION WHEN OTHERS THEN NULL; END;
+                             RETURN 1;
+                         END $f$""")
+            m.execute("GRANT REFERENCES ON public.accounts TO PUBLIC")
+        with self.pg.connect(self.db) as su:
+            su.execute("""CREATE TABLE public.ledger (acct int REFERENCES public.accounts(id),
+                                                      CHECK (public.ledger_ok(acct)))""")
+            su.execute("INSERT INTO public.ledger VALUES (1)")
+        with connect(self.pg, "mallory", self.db) as m:
+            m.execute("CREATE TEMPORARY VIEW rates AS SELECT public.mallory_payload() AS r")
+            m.execute("SET search_path = pg_catalog, pg_temp")
+            for call in ("public.snowflake_convert_column('public.accounts', 'id', include_others_tables => true)",
+                         "public.snowflake_widen_foreign_key_column('public.ledger'::regclass, 'acct', 'public.accounts'::regclass)"):
+                with self.subTest(call=call.split("(")[0]):
+                    state, e = self.outcome(m, f"SELECT {call}")
+                    self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
+                    self.assertEqual(state, "42501", f"the widening was not refused: {e}")
+                    self.assertIn("ledger", e.diag.message_primary)
+        with self.pg.connect(self.db) as su:
+            self.assertEqual(self.column_type(su, "ledger", "acct"), "integer",
+                             "another owner's table was rewritten by a role without its rights")
+
     def test_own_tables_convert_without_opting_in(self):
         with self.pg.connect(self.db) as su:
             su.execute("CREATE TABLE own_parent (id serial PRIMARY KEY)")
@@ -767,6 +829,29 @@ class NonUtf8Databases(SecurityCase):
             state, rows = self.outcome(c, "SELECT length(snowflake_serial('ü', %s))", (SOME_ID,))
             self.assertEqual(rows, [(26,)])
 
+    def test_latin1_converter_with_non_ascii_names(self):
+        # Found by the second review: the widening read the referencing table's name as
+        # Rust text, which in a LATIN1 database is XX000 with Rust text for a non-ASCII name.
+        self.pg.sql("CREATE ROLE zoe_owner LOGIN")
+        with connect(self.pg, dbname="latin", client_encoding="UTF8") as c:
+            c.execute('CREATE TABLE "Kunden_ä" (id serial PRIMARY KEY)')
+            c.execute('CREATE TABLE "Bestellung_ö" ("kunde_ü" int REFERENCES "Kunden_ä")')
+            c.execute('INSERT INTO "Kunden_ä" DEFAULT VALUES')
+            c.execute('INSERT INTO "Bestellung_ö" VALUES (1)')
+            c.execute('GRANT REFERENCES ON "Kunden_ä" TO zoe_owner')
+            c.execute('ALTER TABLE "Bestellung_ö" OWNER TO zoe_owner')
+            # Refused without the opt-in, naming the table in the client's encoding.
+            e = self.failing(c, """SELECT snowflake_convert_column('"Kunden_ä"', 'id')""")
+            self.assertEqual(e.sqlstate, "42501")
+            self.assertIn("Bestellung_ö", e.diag.message_primary)
+            state, rows = self.outcome(c, """SELECT snowflake_convert_column('"Kunden_ä"', 'id',
+                                                                              include_others_tables => true)""")
+            self.assertIsNone(state, rows)
+            types = c.execute("""SELECT format_type(atttypid, NULL) FROM pg_attribute
+                                  WHERE attrelid IN ('"Kunden_ä"'::regclass, '"Bestellung_ö"'::regclass)
+                                    AND attname IN ('id', 'kunde_ü') ORDER BY 1""").fetchall()
+            self.assertEqual(types, [("bigint",), ("bigint",)])
+
     def test_latin1_bad_text_is_an_input_error(self):
         with connect(self.pg, dbname="latin", client_encoding="UTF8") as c:
             e = self.failing(c, "SELECT snowflake_decode(%s, 'twitter½')", (SOME_ID,))
@@ -858,6 +943,33 @@ class OversizedSerial(SecurityCase):
             e = self.failing(c, "SELECT length(snowflake_serial(repeat('x', 1073741800), %s))", (SOME_ID,))
             self.assertEqual(e.sqlstate, "54000", str(e))
             self.assertEqual(c.execute("SELECT 1").fetchone()[0], 1)
+
+    def test_under_a_memory_limit_it_is_53200_not_a_crash(self):
+        # Found by the second review: under a memory limit, an ordinary role's
+        # snowflake_serial(repeat('x', 500000000), 1) made a Rust allocation fail, which
+        # aborts the process (signal 6): the postmaster then restarts the whole server.
+        # PostgreSQL's own functions give 53200 for the same sizes. The backend's address
+        # space is limited (prlimit) to what it uses plus room for repeat()'s 500 MB twice
+        # (folded at planning, then copied) and 300 MB more: not for another copy.
+        n = 500_000_000
+        with self.pg.connect() as c:
+            pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+            with open(f"/proc/{pid}/status") as f:
+                vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+            limit = vm_kib * 1024 + 2 * n + 300 * 1024 * 1024
+            # As the postgres OS user: prlimit on a process of the same user needs no capability.
+            subprocess.run(["runuser", "-u", "postgres", "--", "prlimit", f"--pid={pid}", f"--as={limit}:{limit}"],
+                           check=True)
+            c.execute("SET statement_timeout = '120s'")
+            # The serial needs a third copy: out of memory. The serial id may fit (it needs
+            # one copy less) and is then an input error (its time is before the epoch).
+            for query, states in (("SELECT length(snowflake_serial(repeat('x', %s), 1))", {"53200"}),
+                                  ("SELECT snowflake_serial_id(repeat('1', %s))", {"53200", "22008"})):
+                with self.subTest(query=query):
+                    state, e = self.outcome(c, query, (n,))
+                    self.assertIn(state, states, str(e))
+                    self.assertEqual(c.execute("SELECT 1").fetchone()[0], 1)
+        self.assertNotIn("terminated by signal", self.pg.log(), "a backend crashed")
 
     def test_ten_megabytes_still_work(self):
         with self.pg.connect() as c:
