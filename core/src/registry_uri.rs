@@ -3,23 +3,14 @@
 //! parameters the `postgres` crate does not know (`sslmode=verify-full`, `sslrootcert`,
 //! `passfile`), and `.pgpass` lookups. Pure, so that every form is tested without a server.
 
-/// Percent-decodes `s` (`%XX`); a malformed escape is kept as it is.
+/// Percent-decodes `s` (`%XX`): the project's one decoder, for URIs and for finding their
+/// secrets alike. A malformed escape is kept as it is; bytes that are not UTF-8 become
+/// U+FFFD. It works on bytes, so `%` before a multi-byte character cannot panic (it did,
+/// with the password in the panic text: issue 35).
 pub fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// A URI with several hosts: `scheme://[user[:password]@]host:port[,host:port...][/path]`.
@@ -117,7 +108,17 @@ pub struct LibpqExtras {
     pub sslrootcert: Option<String>,
     /// `passfile`: a `.pgpass`-style file.
     pub passfile: Option<String>,
+    /// `snowflake_schema`: the schema holding the coordinator's tables (default
+    /// [`DEFAULT_COORDINATOR_SCHEMA`]); the tables are never looked for on a search_path.
+    pub schema: String,
+    /// `snowflake_owner`: the role that must own that schema and the tables (default: the
+    /// connecting role; a superuser is accepted too).
+    pub owner: Option<String>,
 }
+
+/// The schema of the coordinator's tables when the URI names none: where earlier versions
+/// created them (the connecting role's default schema, `public` in a default setup).
+pub const DEFAULT_COORDINATOR_SCHEMA: &str = "public";
 
 impl LibpqExtras {
     /// Whether the server's certificate is checked against a CA (verify-ca, verify-full).
@@ -136,7 +137,8 @@ impl LibpqExtras {
     }
 }
 
-/// Takes `sslmode`, `sslrootcert` and `passfile` out of a `postgresql://` URI.
+/// Takes `sslmode`, `sslrootcert`, `passfile`, `snowflake_schema` and `snowflake_owner` out
+/// of a `postgresql://` URI.
 pub fn split_libpq_extras(uri: &str) -> Result<LibpqExtras, String> {
     let (base, query) = match uri.split_once('?') {
         Some((b, q)) => (b, q),
@@ -146,6 +148,8 @@ pub fn split_libpq_extras(uri: &str) -> Result<LibpqExtras, String> {
     let mut sslmode = "prefer".to_string();
     let mut sslrootcert = None;
     let mut passfile = None;
+    let mut schema = DEFAULT_COORDINATOR_SCHEMA.to_string();
+    let mut owner = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -167,6 +171,18 @@ pub fn split_libpq_extras(uri: &str) -> Result<LibpqExtras, String> {
             }
             "sslrootcert" => sslrootcert = Some(percent_decode(value)),
             "passfile" => passfile = Some(percent_decode(value)),
+            "snowflake_schema" | "snowflake_owner" => {
+                let v = percent_decode(value);
+                // PostgreSQL's identifiers: 1 to 63 bytes, no NUL (quoted when used).
+                if v.is_empty() || v.len() > 63 || v.contains('\0') {
+                    return Err(format!("{key} must name a role or schema of 1 to 63 bytes"));
+                }
+                if key == "snowflake_schema" {
+                    schema = v;
+                } else {
+                    owner = Some(v);
+                }
+            }
             _ => kept.push(pair),
         }
     }
@@ -180,6 +196,8 @@ pub fn split_libpq_extras(uri: &str) -> Result<LibpqExtras, String> {
         sslmode,
         sslrootcert,
         passfile,
+        schema,
+        owner,
     })
 }
 
@@ -289,6 +307,16 @@ mod tests {
         assert_eq!(y.sslmode, "prefer");
         assert!(!y.requires_tls());
         assert!(split_libpq_extras("postgresql://h/db?sslmode=bogus").is_err());
+        assert_eq!(y.schema, DEFAULT_COORDINATOR_SCHEMA);
+        assert_eq!(y.owner, None);
+        let z = split_libpq_extras(
+            "postgresql://u@h/db?snowflake_schema=Fleet%20Reg&application_name=x&snowflake_owner=dba",
+        )
+        .unwrap();
+        assert_eq!(z.uri, "postgresql://u@h/db?application_name=x");
+        assert_eq!(z.schema, "Fleet Reg");
+        assert_eq!(z.owner.as_deref(), Some("dba"));
+        assert!(split_libpq_extras("postgresql://h/db?snowflake_schema=").is_err());
     }
 
     #[test]
@@ -311,5 +339,46 @@ mod tests {
     fn percent() {
         assert_eq!(percent_decode("a%20b%2"), "a b%2");
         assert_eq!(percent_decode("%zz"), "%zz");
+        assert_eq!(percent_decode("%41"), "A");
+        // A `%` before a multi-byte character panicked (a slice inside the character).
+        assert_eq!(percent_decode("p%\u{e9}x"), "p%\u{e9}x");
+        assert_eq!(percent_decode("p%\u{20ac}x"), "p%\u{20ac}x");
+        assert_eq!(percent_decode("%\u{e9}"), "%\u{e9}");
+        assert_eq!(percent_decode("%a\u{e9}"), "%a\u{e9}");
+        assert_eq!(percent_decode("%ff"), "\u{fffd}");
+    }
+
+    proptest::proptest! {
+        /// No string panics the parsers, and no error quotes the password (issue 35: `%`
+        /// followed by a non-ASCII character panicked the registry worker every second,
+        /// with the password in the panic text).
+        #[test]
+        fn no_uri_panics_or_shows_its_password(
+            scheme in proptest::prop_oneof![
+                proptest::strategy::Just("etcd"),
+                proptest::strategy::Just("etcds"),
+                proptest::strategy::Just("redis+sentinel"),
+                proptest::strategy::Just("postgresql"),
+            ],
+            password in "[A-Za-z0-9%\u{e9}\u{20ac}\u{1f600}]{6,12}",
+            rest in "\\PC{0,40}",
+            any_text in "\\PC{0,60}",
+        ) {
+            // Arbitrary text, whole: never a panic.
+            let _ = parse_multi_host(&any_text, 2379);
+            let _ = split_libpq_extras(&any_text);
+            let _ = percent_decode(&any_text);
+            // A URI with a password, then arbitrary text.
+            let uri = format!("{scheme}://user:S3cr{password}@{rest}");
+            let secret = format!("S3cr{password}");
+            if let Err(e) = parse_multi_host(&uri, 2379) {
+                proptest::prop_assert!(!e.contains(&secret), "{} in {}", secret, e);
+                proptest::prop_assert!(!e.contains(&percent_decode(&secret)), "{} in {}", secret, e);
+            }
+            let passfile = format!("postgresql://h/db?passfile=%{password}{rest}");
+            if let Err(e) = split_libpq_extras(&passfile) {
+                proptest::prop_assert!(!e.contains(&password), "{} in {}", password, e);
+            }
+        }
     }
 }

@@ -126,28 +126,9 @@ fn overlaps_secret(part: &str, secrets: &[String]) -> bool {
     })
 }
 
-/// `text` with `%XX` escapes decoded (invalid escapes kept; invalid UTF-8 replaced).
+/// `text` with `%XX` escapes decoded: the one decoder ([`crate::registry_uri::percent_decode`]).
 fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = (hex_value(bytes[i + 1]), hex_value(bytes[i + 2]));
-            if let (Some(high), Some(low)) = hex {
-                out.push(high << 4 | low);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex_value(byte: u8) -> Option<u8> {
-    (byte as char).to_digit(16).map(|d| d as u8)
+    crate::registry_uri::percent_decode(text)
 }
 
 /// Whether a file holding secrets (a registry password file) is private enough to read: owned

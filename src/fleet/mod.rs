@@ -9,6 +9,7 @@
 //! is promoted.
 
 pub(crate) mod registry;
+mod runner;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -23,7 +24,8 @@ use crate::generation::shmem::{self, Node};
 use crate::server::errors;
 use crate::server::gucs;
 use crate::server::{data_dir, monotonic_ms, now_unix_ms};
-use registry::{ClaimReply, ClaimRequest, Observed, Registry, RenewReply};
+use registry::{ClaimReply, ClaimRequest, Observed, RenewReply};
+use runner::Runner;
 use snowflake_core::claim::{
     self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted, RequestAge,
 };
@@ -95,7 +97,10 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         ca_file: gucs::registry_ca_file(),
         password_file: gucs::registry_password_file(),
     };
-    let mut client = match registry::open(&uri, &options) {
+    // Requests run on a thread of their own, bounded in time; this thread waits for their
+    // replies with signals open (see runner.rs): SIGTERM and postmaster death are answered
+    // within runner::POLL whatever the registry does.
+    let mut client = match Runner::open(&uri, &options) {
         Ok(client) => client,
         Err(e) => {
             holder.report(ClaimStatus::Refused, &e.0, 0);
@@ -105,17 +110,21 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         }
     };
     loop {
-        let wait_ms = {
-            let _deferred = SignalsDeferred::new();
-            holder.step(client.as_mut())
-        };
-        if !BackgroundWorker::wait_latch(Some(Duration::from_millis(wait_ms))) {
+        let wait_ms = holder.step(&mut client);
+        if !runner::wait(Duration::from_millis(wait_ms)) {
             break;
         }
     }
-    {
-        let _deferred = SignalsDeferred::new();
-        holder.release(client.as_mut());
+    if runner::postmaster_alive() {
+        // Give the claim back, within runner::SHUTDOWN_RELEASE. After the postmaster's death
+        // there is no release: the worker leaves at once, so that a new postmaster can start.
+        client.begin_shutdown();
+        holder.release(&mut client);
+    } else {
+        holder.fence(
+            ClaimStatus::Starting,
+            "The postmaster died; the registry worker is leaving.",
+        );
     }
     holder.report(
         ClaimStatus::Starting,
@@ -123,48 +132,6 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         0,
     );
     exit_for_restart();
-}
-
-/// Holds back asynchronous signals (SIGTERM, SIGHUP, the latch's SIGURG, SIGUSR1, ...)
-/// while it lives, and delivers them when dropped. A signal arriving in the middle of a
-/// registry request made the socket call fail with EINTR: at shutdown, the release was
-/// lost and the worker id stayed taken until its claim lapsed. Every request is bounded by
-/// the registry timeout, so a signal waits at most that long; the handlers only set flags
-/// and the latch, which the next `wait_latch` sees. SIGQUIT (immediate shutdown) and the
-/// synchronous fault signals stay open.
-struct SignalsDeferred {
-    previous: libc::sigset_t,
-}
-
-impl SignalsDeferred {
-    fn new() -> Self {
-        // SAFETY: sigset_t is plain data; the sig* calls only write the sets passed.
-        unsafe {
-            let mut deferred: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut deferred);
-            for open in [
-                libc::SIGQUIT,
-                libc::SIGABRT,
-                libc::SIGBUS,
-                libc::SIGFPE,
-                libc::SIGILL,
-                libc::SIGSEGV,
-                libc::SIGTRAP,
-            ] {
-                libc::sigdelset(&mut deferred, open);
-            }
-            let mut previous: libc::sigset_t = std::mem::zeroed();
-            libc::pthread_sigmask(libc::SIG_BLOCK, &deferred, &mut previous);
-            SignalsDeferred { previous }
-        }
-    }
-}
-
-impl Drop for SignalsDeferred {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved in `new`.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.previous, std::ptr::null_mut()) };
-    }
 }
 
 /// Ends the worker with exit code 1, so that the postmaster starts it again (after 1 s)
@@ -216,7 +183,7 @@ struct Holder {
 
 impl Holder {
     /// One claim or renewal. Returns how long to wait before the next (ms).
-    fn step(&mut self, client: &mut dyn Registry) -> u64 {
+    fn step(&mut self, client: &mut Runner) -> u64 {
         let started_unix_ms = now_unix_ms();
         let started_mono_ms = monotonic_ms();
         let fence = self.timing.fence(started_unix_ms, started_mono_ms);
@@ -486,7 +453,7 @@ impl Holder {
     /// timestamp this server could have issued (from its generator and durable lease, never
     /// from its clock), which the next holder (itself, after a restart) starts above instead
     /// of the last cap.
-    fn release(&mut self, client: &mut dyn Registry) {
+    fn release(&mut self, client: &mut Runner) {
         let Some((worker_id, _)) = self.held else {
             return;
         };
@@ -505,7 +472,7 @@ impl Holder {
 
     /// Gives `worker_id` back to the registry (`released`: see [`Registry::release`]). A
     /// failure is logged: the id then stays taken until its claim lapses.
-    fn give_back(&self, client: &mut dyn Registry, worker_id: u8, released: Option<i64>) {
+    fn give_back(&self, client: &mut Runner, worker_id: u8, released: Option<i64>) {
         let datacenter_id = self.config.datacenter_id;
         if let Err(e) = client.release(datacenter_id, worker_id, &self.token, released) {
             errors::release_failed(

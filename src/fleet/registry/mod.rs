@@ -3,7 +3,11 @@
 //! the server), a PostgreSQL coordinator (`postgres.rs`, through the `postgres` crate, one
 //! transaction per step, committed synchronously) and etcd (`etcd.rs`, through
 //! `etcd-client`: leases for claims, compare-and-swap transactions for every step). No pgrx
-//! here: only the background worker calls this, never a backend and never the postmaster.
+//! here: only the registry worker's request thread calls this (see `runner.rs`), never a
+//! backend and never the postmaster. Each client bounds a request in time and in bytes
+//! (docs/registries.md, "Bounds"): the coordinator through a counting socket (`postgres.rs`),
+//! Redis and Sentinel through their own connection (`resp.rs`), etcd through tokio's
+//! timeouts and tonic's 4 MiB message limit.
 //!
 //! All keep the same records (see docs/fleets.md):
 //! - the registry's incarnation and when it began ("born"), and the fleet's epoch. The
@@ -26,6 +30,7 @@ use std::time::Duration;
 mod etcd;
 mod postgres;
 mod redis;
+mod resp;
 
 use etcd::EtcdRegistry;
 use postgres::PgRegistry;
@@ -141,7 +146,7 @@ pub struct Observed {
 }
 
 /// One registry. Every call is one request (or one transaction) bounded by the timeout.
-pub trait Registry {
+pub trait Registry: Send {
     /// Claims an id.
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)>;
     /// Renews `worker_id`, recording `cap_unix_ms`. With `reassert_known_born` (the

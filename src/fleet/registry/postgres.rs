@@ -1,8 +1,24 @@
-//! The PostgreSQL coordinator client (through the `postgres` crate): one transaction per
-//! step, committed synchronously. The records and their rules are described in the parent
-//! module.
+//! The PostgreSQL coordinator client (through `tokio-postgres`, driven by a runtime of its
+//! own on the request thread): one transaction per step, committed synchronously. The records
+//! and their rules are described in the parent module.
+//!
+//! Every request is bounded in time (the connection by the registry timeout, then the
+//! transaction by another: `tokio::time::timeout_at` ends it whatever the server sends) and
+//! in bytes: the connection reads through [`Bounded`], which refuses more than
+//! [`MAX_REPLY_BYTES`] per request (a coordinator streaming a 2 GiB message made the client
+//! grow its buffer until the allocation failed and the server crash-restarted: issue 35).
 
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 
 use super::{
     wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
@@ -11,69 +27,336 @@ use super::{
 use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge};
 use snowflake_core::registry_uri::{pgpass_lookup, split_libpq_extras, LibpqExtras};
 
-/// The coordinator's tables, created on first use (also in docs/registries.md). The unlogged table
-/// holds a token that crash recovery, a base backup and a standby all start without: a new
-/// token is a new incarnation.
-pub const COORDINATOR_DDL: &str = "\
-CREATE TABLE IF NOT EXISTS snowflake_registry (
+/// The coordinator's tables, created on first use in the URI's schema (`snowflake_schema`,
+/// default `public`; also in docs/registries.md), `{s}` standing for the quoted schema. The
+/// unlogged table holds a token that crash recovery, a base backup and a standby all start
+/// without: a new token is a new incarnation.
+///
+/// Every statement of this client names its tables with their schema and its functions and
+/// operators in `pg_catalog`, and the connection's search_path is `pg_catalog` only: no object
+/// another role of the coordinator creates is ever used instead (issue 35: look-alike tables
+/// earlier on the default search_path split the fleet, without a reconnection). SQL syntax
+/// that the grammar turns into a `pg_catalog` call (`extract(... FROM ...)`, `greatest`,
+/// `CASE`) needs no qualification.
+const COORDINATOR_DDL: &str = "\
+CREATE TABLE IF NOT EXISTS {s}.snowflake_registry (
     singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    incarnation   text    NOT NULL,
+    incarnation   pg_catalog.text NOT NULL,
     born_unix_ms  bigint  NOT NULL,
     epoch_unix_ms bigint  NOT NULL
 );
-CREATE UNLOGGED TABLE IF NOT EXISTS snowflake_registry_instance (
+CREATE UNLOGGED TABLE IF NOT EXISTS {s}.snowflake_registry_instance (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    token     text    NOT NULL
+    token     pg_catalog.text NOT NULL
 );
-CREATE TABLE IF NOT EXISTS snowflake_claims (
+CREATE TABLE IF NOT EXISTS {s}.snowflake_claims (
     datacenter_id      integer NOT NULL,
     worker_id          integer NOT NULL,
-    holder             text,
+    holder             pg_catalog.text,
     expires_unix_ms    bigint,
     high_water_unix_ms bigint,
     floor_unix_ms      bigint,
     released_unix_ms   bigint,
     PRIMARY KEY (datacenter_id, worker_id)
 );
-ALTER TABLE snowflake_claims ADD COLUMN IF NOT EXISTS floor_unix_ms bigint;
-ALTER TABLE snowflake_claims ADD COLUMN IF NOT EXISTS released_unix_ms bigint;";
+ALTER TABLE {s}.snowflake_claims ADD COLUMN IF NOT EXISTS floor_unix_ms bigint;
+ALTER TABLE {s}.snowflake_claims ADD COLUMN IF NOT EXISTS released_unix_ms bigint;";
 
-/// Whether the tables exist as this version needs them (on the connection's search_path).
-const COORDINATOR_TABLES_PRESENT: &str = "\
-SELECT to_regclass('snowflake_registry') IS NOT NULL
-   AND to_regclass('snowflake_registry_instance') IS NOT NULL
-   AND (SELECT count(*) = 2 FROM pg_attribute
-         WHERE attrelid = to_regclass('snowflake_claims')
-           AND attname IN ('floor_unix_ms', 'released_unix_ms') AND NOT attisdropped)";
+/// The three tables' names.
+const TABLES: [&str; 3] = [
+    "snowflake_registry",
+    "snowflake_registry_instance",
+    "snowflake_claims",
+];
+
+/// The owners of the schema ($1), of the tables of that name in it ($2), and of the
+/// database (for a schema owned by `pg_database_owner`), with whether each is a superuser;
+/// the columns the tables have of those this version added; and the connecting role.
+const COORDINATOR_OBJECTS: &str = "\
+SELECT 'schema'::pg_catalog.text, n.nspname::pg_catalog.text, o.rolname::pg_catalog.text, o.rolsuper
+  FROM pg_catalog.pg_namespace n
+  JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) n.nspowner
+ WHERE n.nspname OPERATOR(pg_catalog.=) $1::pg_catalog.name
+UNION ALL
+SELECT 'table', c.relname::pg_catalog.text, o.rolname::pg_catalog.text, o.rolsuper
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+  JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) c.relowner
+ WHERE n.nspname OPERATOR(pg_catalog.=) $1::pg_catalog.name
+   AND c.relname OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.name[])
+UNION ALL
+SELECT 'database', d.datname::pg_catalog.text, o.rolname::pg_catalog.text, o.rolsuper
+  FROM pg_catalog.pg_database d
+  JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) d.datdba
+ WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+UNION ALL
+SELECT 'column', a.attname::pg_catalog.text, NULL, NULL
+  FROM pg_catalog.pg_attribute a
+  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+ WHERE n.nspname OPERATOR(pg_catalog.=) $1::pg_catalog.name
+   AND c.relname OPERATOR(pg_catalog.=) 'snowflake_claims'::pg_catalog.name
+   AND a.attname OPERATOR(pg_catalog.=) ANY ('{floor_unix_ms,released_unix_ms}'::pg_catalog.name[])
+   AND NOT a.attisdropped
+UNION ALL
+SELECT 'elsewhere', n.nspname::pg_catalog.text, NULL, NULL
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+ WHERE c.relname OPERATOR(pg_catalog.=) 'snowflake_claims'::pg_catalog.name
+   AND n.nspname OPERATOR(pg_catalog.<>) $1::pg_catalog.name
+   AND c.relpersistence OPERATOR(pg_catalog.<>) 't'::pg_catalog.\"char\"
+UNION ALL
+SELECT 'me', session_user::pg_catalog.text, NULL, NULL";
 
 /// Makes this incarnation's token, once (the unlogged table is empty after a crash restart,
 /// in a base backup, and on a standby).
 const PG_INSTANCE_TOKEN: &str = "\
-INSERT INTO snowflake_registry_instance (token)
-VALUES (md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text))
+INSERT INTO {s}.snowflake_registry_instance (token)
+VALUES (pg_catalog.md5(pg_catalog.random()::pg_catalog.text OPERATOR(pg_catalog.||) pg_catalog.clock_timestamp()::pg_catalog.text OPERATOR(pg_catalog.||) pg_catalog.pg_backend_pid()::pg_catalog.text))
 ON CONFLICT (singleton) DO NOTHING";
 
 /// The coordinator's clock (ms) and incarnation: its postmaster's start time (which changes
 /// whenever it starts, from a restored copy too) and its instance token (which changes at a
 /// crash restart, which keeps the start time, and at a promotion).
 const PG_NOW: &str = "\
-SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
-       pg_postmaster_start_time()::text || ' ' || (SELECT token FROM snowflake_registry_instance)";
+SELECT (extract(epoch FROM pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::bigint,
+       pg_catalog.pg_postmaster_start_time()::pg_catalog.text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) (SELECT token FROM {s}.snowflake_registry_instance)";
+
+const PG_REGISTRY_INSERT: &str = "\
+INSERT INTO {s}.snowflake_registry (incarnation, born_unix_ms, epoch_unix_ms) \
+VALUES ($1::pg_catalog.text, $2::bigint, $3::bigint) ON CONFLICT (singleton) DO NOTHING";
+
+const PG_REGISTRY_LOCK: &str = "\
+SELECT incarnation, born_unix_ms, epoch_unix_ms, \
+       (extract(epoch FROM pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::bigint \
+  FROM {s}.snowflake_registry FOR UPDATE";
+
+const PG_REGISTRY_REBORN: &str = "\
+UPDATE {s}.snowflake_registry SET incarnation = $1::pg_catalog.text, born_unix_ms = $2::bigint";
+
+const PG_HOLD: &str = "\
+INSERT INTO {s}.snowflake_claims AS c \
+  (datacenter_id, worker_id, holder, expires_unix_ms, high_water_unix_ms, floor_unix_ms) \
+VALUES ($1::integer, $2::integer, $3::pg_catalog.text, $4::bigint, $5::bigint, $7::bigint) \
+ON CONFLICT (datacenter_id, worker_id) DO UPDATE \
+  SET holder = excluded.holder, expires_unix_ms = excluded.expires_unix_ms, \
+      high_water_unix_ms = greatest(c.high_water_unix_ms, excluded.high_water_unix_ms), \
+      floor_unix_ms = CASE WHEN $6::boolean THEN excluded.floor_unix_ms ELSE c.floor_unix_ms END, \
+      released_unix_ms = NULL";
+
+const PG_FREE_FLOOR: &str = "\
+SELECT high_water_unix_ms, released_unix_ms FROM {s}.snowflake_claims \
+ WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer";
+
+const PG_LIVE: &str = "\
+SELECT worker_id, holder, floor_unix_ms FROM {s}.snowflake_claims \
+ WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND holder IS NOT NULL \
+   AND expires_unix_ms OPERATOR(pg_catalog.>) $2::bigint";
+
+const PG_HOLDER: &str = "\
+SELECT holder FROM {s}.snowflake_claims \
+ WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer \
+   AND holder IS NOT NULL AND expires_unix_ms OPERATOR(pg_catalog.>) $3::bigint";
+
+const PG_RELEASE: &str = "\
+UPDATE {s}.snowflake_claims SET holder = NULL, expires_unix_ms = NULL, \
+  released_unix_ms = CASE WHEN $4::bigint IS NULL THEN NULL \
+                          ELSE greatest($4::bigint, floor_unix_ms) END, \
+  high_water_unix_ms = greatest(high_water_unix_ms, $4::bigint, floor_unix_ms) \
+WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer \
+  AND holder OPERATOR(pg_catalog.=) $3::pg_catalog.text";
+
+/// `name` quoted as an SQL identifier.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The statements of this client, with the schema filled in.
+struct Statements {
+    ddl: String,
+    instance_token: String,
+    now: String,
+    registry_insert: String,
+    registry_lock: String,
+    registry_reborn: String,
+    hold: String,
+    free_floor: String,
+    live: String,
+    holder: String,
+    release: String,
+}
+
+impl Statements {
+    fn new(schema: &str) -> Self {
+        let s = quote_ident(schema);
+        let f = |sql: &str| sql.replace("{s}", &s);
+        Statements {
+            ddl: f(COORDINATOR_DDL),
+            instance_token: f(PG_INSTANCE_TOKEN),
+            now: f(PG_NOW),
+            registry_insert: f(PG_REGISTRY_INSERT),
+            registry_lock: f(PG_REGISTRY_LOCK),
+            registry_reborn: f(PG_REGISTRY_REBORN),
+            hold: f(PG_HOLD),
+            free_floor: f(PG_FREE_FLOOR),
+            live: f(PG_LIVE),
+            holder: f(PG_HOLDER),
+            release: f(PG_RELEASE),
+        }
+    }
+}
+
+/// The most a request may read from the coordinator, connection included: the largest
+/// answer is the claims of one datacenter (at most 1,024 rows of about 120 bytes).
+pub(crate) const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// What a connection may still read in the current request.
+#[derive(Debug)]
+struct Budget {
+    left: AtomicUsize,
+    exceeded: AtomicBool,
+}
+
+impl Budget {
+    fn reset(&self) {
+        self.left.store(MAX_REPLY_BYTES, Ordering::Relaxed);
+        self.exceeded.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A socket of either kind.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync + std::fmt::Debug {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync + std::fmt::Debug> Io for T {}
+
+/// A socket that reads at most what the budget allows, then fails every read: the client
+/// library never holds more than [`MAX_REPLY_BYTES`] of a reply, whatever length the server
+/// announces or sends.
+#[derive(Debug)]
+struct Bounded {
+    inner: Box<dyn Io>,
+    budget: Arc<Budget>,
+}
+
+impl AsyncRead for Bounded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let left = this.budget.left.load(Ordering::Relaxed);
+        if left == 0 {
+            this.budget.exceeded.store(true, Ordering::Relaxed);
+            return Poll::Ready(Err(std::io::Error::other(format!(
+                "the coordinator sent more than {MAX_REPLY_BYTES} bytes for one request"
+            ))));
+        }
+        let mut limited = buf.take(left);
+        match Pin::new(&mut this.inner).poll_read(cx, &mut limited) {
+            Poll::Ready(Ok(())) => {
+                let n = limited.filled().len();
+                // SAFETY: the read initialized and filled these `n` bytes of `buf`'s
+                // unfilled part (as tokio's own `Take` does).
+                unsafe { buf.assume_init(n) };
+                buf.advance(n);
+                this.budget.left.fetch_sub(n, Ordering::Relaxed);
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Bounded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// One transaction, each statement run to the transaction's deadline.
+struct Tx<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    tx: tokio_postgres::Transaction<'a>,
+    deadline: Instant,
+}
+
+impl Tx<'_> {
+    fn run<T>(
+        &self,
+        f: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    ) -> Result<T> {
+        run_until(self.rt, self.deadline, f)
+    }
+
+    fn execute(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        self.run(self.tx.execute(sql, params))
+    }
+
+    fn query(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        self.run(self.tx.query(sql, params))
+    }
+
+    fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
+        self.run(self.tx.query_one(sql, params))
+    }
+
+    fn query_opt(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Option<Row>> {
+        self.run(self.tx.query_opt(sql, params))
+    }
+
+    fn batch_execute(&mut self, sql: &str) -> Result<()> {
+        self.run(self.tx.batch_execute(sql))
+    }
+}
+
+/// Runs `f` on `rt` until `deadline` (the connection's task is driven meanwhile).
+fn run_until<T, E: Into<RegistryError>>(
+    rt: &tokio::runtime::Runtime,
+    deadline: Instant,
+    f: impl std::future::Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    rt.block_on(async { tokio::time::timeout_at(deadline.into(), f).await })
+        .map_err(|_| RegistryError("the coordinator did not answer in time".into()))?
+        .map_err(Into::into)
+}
 
 /// A PostgreSQL coordinator.
 pub struct PgRegistry {
-    config: postgres::Config,
+    config: tokio_postgres::Config,
     tls: postgres_openssl::MakeTlsConnector,
-    client: Option<postgres::Client>,
+    client: Option<tokio_postgres::Client>,
+    rt: tokio::runtime::Runtime,
+    budget: Arc<Budget>,
+    timeout: Duration,
     created: bool,
+    /// The schema of the tables, and the role that must own it and them (None: the
+    /// connecting role).
+    schema: String,
+    owner: Option<String>,
+    sql: Statements,
 }
 
 impl PgRegistry {
     pub(super) fn new(uri: &str, options: &Options) -> Result<Self> {
         let extras = split_libpq_extras(uri.trim()).map_err(RegistryError)?;
-        let mut config: postgres::Config = extras.uri.parse()?;
+        let mut config: tokio_postgres::Config = extras.uri.parse()?;
         let timeout = options.timeout;
         let ms = timeout.as_millis();
+        // search_path = pg_catalog: nothing another role creates can stand in for what the
+        // statements use (they name everything with its schema besides). A client's startup
+        // options take precedence over the role's and the database's own settings.
         // synchronous_commit = on: a claim is acknowledged only once it survives a crash of
         // the coordinator (and reached its synchronous standbys), whatever the server's
         // default says.
@@ -83,12 +366,12 @@ impl PgRegistry {
             .keepalives_idle(Duration::from_secs(5))
             .application_name("snowflake registry")
             .ssl_mode(match extras.sslmode.as_str() {
-                "disable" => postgres::config::SslMode::Disable,
-                "allow" | "prefer" => postgres::config::SslMode::Prefer,
-                _ => postgres::config::SslMode::Require,
+                "disable" => SslMode::Disable,
+                "allow" | "prefer" => SslMode::Prefer,
+                _ => SslMode::Require,
             })
-            .options(&format!(
-                "-c synchronous_commit=on -c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={}",
+            .options(format!(
+                "-c search_path=pg_catalog -c synchronous_commit=on -c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={}",
                 ms * 2
             ));
         if config.get_password().is_none() {
@@ -97,42 +380,123 @@ impl PgRegistry {
             }
         }
         let tls = pg_tls(&extras, options)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RegistryError(format!("could not start the coordinator client: {e}")))?;
         Ok(PgRegistry {
             config,
             tls,
             client: None,
+            rt,
+            budget: Arc::new(Budget {
+                left: AtomicUsize::new(MAX_REPLY_BYTES),
+                exceeded: AtomicBool::new(false),
+            }),
+            timeout,
             created: false,
+            sql: Statements::new(&extras.schema),
+            schema: extras.schema,
+            owner: extras.owner,
         })
     }
 
-    /// Runs `f` in one transaction; drops the connection after any error.
+    /// Connects to the first host of the URI that answers (and accepts writes, with
+    /// `target_session_attrs=read-write`), within `deadline`, through [`Bounded`].
+    fn connect(&mut self, deadline: Instant) -> Result<tokio_postgres::Client> {
+        let hosts = self.config.get_hosts().to_vec();
+        let ports = self.config.get_ports().to_vec();
+        let hostaddrs = self.config.get_hostaddrs().to_vec();
+        let mut errors = Vec::new();
+        for (i, host) in hosts.iter().enumerate() {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match self.connect_one(host, hostaddrs.get(i).copied(), port, deadline) {
+                Ok(client) => return Ok(client),
+                Err(e) => errors.push(e.0),
+            }
+        }
+        Err(RegistryError(if errors.is_empty() {
+            "the coordinator URI names no host".into()
+        } else {
+            errors.join("; ")
+        }))
+    }
+
+    fn connect_one(
+        &mut self,
+        host: &Host,
+        hostaddr: Option<std::net::IpAddr>,
+        port: u16,
+        deadline: Instant,
+    ) -> Result<tokio_postgres::Client> {
+        let budget = Arc::clone(&self.budget);
+        let (socket, name, unix): (Box<dyn Io>, String, bool) = match host {
+            Host::Tcp(name) => {
+                let address = hostaddr.map_or(name.clone(), |a| a.to_string());
+                let stream = run_until(&self.rt, deadline, async {
+                    tokio::net::TcpStream::connect((address.as_str(), port)).await
+                })
+                .map_err(|e| RegistryError(format!("{name}:{port}: {}", e.0)))?;
+                let _ = stream.set_nodelay(true);
+                set_tcp_user_timeout(&stream, self.timeout);
+                (Box::new(stream), name.clone(), false)
+            }
+            Host::Unix(dir) => {
+                let path = dir.join(format!(".s.PGSQL.{port}"));
+                let stream = run_until(&self.rt, deadline, async {
+                    tokio::net::UnixStream::connect(&path).await
+                })
+                .map_err(|e| RegistryError(format!("{}: {}", path.display(), e.0)))?;
+                (Box::new(stream), String::new(), true)
+            }
+        };
+        let stream = Bounded {
+            inner: socket,
+            budget,
+        };
+        let tls = MakeTlsConnect::<Bounded>::make_tls_connect(&mut self.tls, &name)?;
+        let mut config = self.config.clone();
+        if unix {
+            // As libpq: no TLS over a Unix socket.
+            config.ssl_mode(SslMode::Disable);
+        }
+        let (client, connection) = run_until(&self.rt, deadline, config.connect_raw(stream, tls))?;
+        // The connection's task runs whenever a request drives the runtime.
+        self.rt.spawn(connection);
+        if config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite {
+            let rows = run_until(
+                &self.rt,
+                deadline,
+                client.simple_query("SHOW transaction_read_only"),
+            )?;
+            let read_only = rows.iter().any(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0) == Some("on"),
+                _ => false,
+            });
+            if read_only {
+                return Err(RegistryError(format!(
+                    "{name}:{port}: the server does not accept writes"
+                )));
+            }
+        }
+        Ok(client)
+    }
+
+    /// Runs `f` in one transaction; drops the connection after any error. The connection
+    /// may take the registry timeout, and the transaction another.
     fn transaction<T>(
         &mut self,
-        f: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T>,
+        f: impl FnOnce(&mut Tx<'_>, &Statements) -> Result<T>,
     ) -> Result<T> {
-        if self.client.is_none() {
-            self.client = Some(self.config.connect(self.tls.clone())?);
-        }
-        let client = self.client.as_mut().expect("connected above");
-        let result = (|| {
-            if !self.created {
-                // Only when a table or column is missing: CREATE ... IF NOT EXISTS still needs
-                // CREATE on the schema, which a least-privilege registry role does not have.
-                let present: bool = client.query_one(COORDINATOR_TABLES_PRESENT, &[])?.get(0);
-                if !present {
-                    client.batch_execute(COORDINATOR_DDL).map_err(|e| {
-                        RegistryError(format!(
-                            "the coordinator's tables are missing or from an older version, and creating them failed: {e}"
-                        ))
-                    })?;
-                }
-                self.created = true;
-            }
-            let mut tx = client.transaction()?;
-            let value = f(&mut tx)?;
-            tx.commit()?;
-            Ok(value)
-        })();
+        self.budget.reset();
+        let result = self.transaction_inner(f);
+        let result = if self.budget.exceeded.load(Ordering::Relaxed) {
+            Err(RegistryError(format!(
+                "the coordinator sent more than {MAX_REPLY_BYTES} bytes for one request; the connection was closed"
+            )))
+        } else {
+            result
+        };
         if result.is_err() {
             // Check the tables again on the next connection: a coordinator rebuilt empty (a
             // new data directory) has none, and the nodes must not need a restart for it.
@@ -141,13 +505,174 @@ impl PgRegistry {
         }
         result
     }
+
+    fn transaction_inner<T>(
+        &mut self,
+        f: impl FnOnce(&mut Tx<'_>, &Statements) -> Result<T>,
+    ) -> Result<T> {
+        if self.client.is_none() {
+            let deadline = Instant::now() + self.timeout;
+            self.client = Some(self.connect(deadline)?);
+        }
+        let deadline = Instant::now() + self.timeout;
+        let client = self.client.as_mut().expect("connected above");
+        let tx = run_until(&self.rt, deadline, client.transaction())?;
+        let mut tx = Tx {
+            rt: &self.rt,
+            tx,
+            deadline,
+        };
+        if !self.created {
+            // Checked on every new connection, before any use: the schema and the tables are
+            // owned by the expected role (or a superuser), and none is missing.
+            let missing = check_objects(&mut tx, &self.schema, self.owner.as_deref())?;
+            if missing != Missing::Nothing {
+                let ddl = if missing == Missing::Schema {
+                    format!(
+                        "CREATE SCHEMA {};\n{}",
+                        quote_ident(&self.schema),
+                        self.sql.ddl
+                    )
+                } else {
+                    self.sql.ddl.clone()
+                };
+                // Only when a table or column is missing: CREATE ... IF NOT EXISTS still
+                // needs CREATE on the schema, which a least-privilege role does not have.
+                tx.batch_execute(&ddl).map_err(|e| {
+                    RegistryError(format!(
+                        "the coordinator's tables in schema \"{}\" are missing or from an older version, and creating them failed: {}",
+                        self.schema, e.0
+                    ))
+                })?;
+                // What was created is checked like what was found.
+                if check_objects(&mut tx, &self.schema, self.owner.as_deref())? != Missing::Nothing
+                {
+                    return Err(RegistryError(format!(
+                        "the coordinator's tables in schema \"{}\" are still incomplete after creating them",
+                        self.schema
+                    )));
+                }
+            }
+        }
+        let value = f(&mut tx, &self.sql)?;
+        let Tx { rt, tx, deadline } = tx;
+        run_until(rt, deadline, tx.commit())?;
+        self.created = true;
+        Ok(value)
+    }
+}
+
+/// The kernel's bound on unacknowledged data (as libpq's `tcp_user_timeout`).
+fn set_tcp_user_timeout(stream: &tokio::net::TcpStream, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let ms = libc::c_uint::try_from(timeout.as_millis()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: a valid socket and a pointer to a c_uint of the size given.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        );
+    }
+}
+
+/// What [`check_objects`] found missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    Nothing,
+    /// A table, or a column this version added.
+    Tables,
+    /// The schema itself (and so the tables).
+    Schema,
+}
+
+/// Checks that the schema and the tables found in it are owned by the expected role (the
+/// URI's `snowflake_owner`, else the connecting role), by a superuser, or (a schema only) by
+/// `pg_database_owner` of a database so owned; and that the tables are not elsewhere when
+/// missing here (creating them here would start a second registry, splitting the fleet).
+/// Says what is missing.
+fn check_objects(client: &mut Tx<'_>, schema: &str, owner: Option<&str>) -> Result<Missing> {
+    let rows = client.query(COORDINATOR_OBJECTS, &[&schema, &TABLES.as_slice()])?;
+    let mut me = String::new();
+    let mut schema_owner = None;
+    let mut database_owner = None;
+    let mut tables: Vec<(String, String, bool)> = Vec::new();
+    let mut columns = 0;
+    let mut elsewhere: Vec<String> = Vec::new();
+    for row in &rows {
+        let kind: String = row.get(0);
+        let name: String = row.get(1);
+        let owner_of: Option<String> = row.get(2);
+        let superuser: Option<bool> = row.get(3);
+        let owned = || {
+            (
+                owner_of.clone().unwrap_or_default(),
+                superuser.unwrap_or(false),
+            )
+        };
+        match kind.as_str() {
+            "me" => me = name,
+            "schema" => schema_owner = Some(owned()),
+            "database" => database_owner = Some(owned()),
+            "table" => {
+                let (o, s) = owned();
+                tables.push((name, o, s));
+            }
+            "column" => columns += 1,
+            "elsewhere" => elsewhere.push(name),
+            _ => {}
+        }
+    }
+    let expected = owner.map_or(me.clone(), str::to_string);
+    let trusted = |(name, superuser): &(String, bool)| *superuser || *name == expected;
+    let refuse = |what: String, by: &str| {
+        RegistryError(format!(
+            "{what} on the coordinator is owned by role \"{by}\", not by \"{expected}\" (the {}) nor by a superuser: another role could change or replace what it holds, so the registry is not used; see docs/registries.md for the coordinator's setup",
+            if owner.is_some() { "role that snowflake_owner names" } else { "connecting role; snowflake_owner in the URI names another" }
+        ))
+    };
+    let Some(schema_owned) = schema_owner else {
+        if let Some(other) = elsewhere.first() {
+            return Err(tables_elsewhere(schema, other));
+        }
+        return Ok(Missing::Schema);
+    };
+    let schema_trusted = trusted(&schema_owned)
+        || (schema_owned.0 == "pg_database_owner" && database_owner.as_ref().is_some_and(trusted));
+    if !schema_trusted {
+        return Err(refuse(format!("schema \"{schema}\""), &schema_owned.0));
+    }
+    for (table, o, s) in &tables {
+        if !trusted(&(o.clone(), *s)) {
+            return Err(refuse(format!("table \"{schema}\".\"{table}\""), o));
+        }
+    }
+    if tables.len() == TABLES.len() && columns == 2 {
+        return Ok(Missing::Nothing);
+    }
+    if !tables.iter().any(|(t, _, _)| t == "snowflake_claims") {
+        if let Some(other) = elsewhere.first() {
+            return Err(tables_elsewhere(schema, other));
+        }
+    }
+    Ok(Missing::Tables)
+}
+
+/// The tables are in another schema than the one the URI names (as earlier versions could
+/// leave them, on the connecting role's search_path).
+fn tables_elsewhere(schema: &str, other: &str) -> RegistryError {
+    RegistryError(format!(
+        "the coordinator's tables are not in schema \"{schema}\" but in schema \"{other}\"; this version looks for them only in the schema the URI names (snowflake_schema, default public) and will not start a second registry beside them: add snowflake_schema={other} to the URI, or move the tables (docs/registries.md)"
+    ))
 }
 
 /// The password from a `.pgpass`-style file, as libpq finds it: the URI's `passfile`, else
 /// `snowflake.registry_password_file`, else `PGPASSFILE`, else `~/.pgpass` of the server's
 /// OS user (only when it exists). The first host of the URI that has an entry gives it.
 fn pgpass_password(
-    config: &postgres::Config,
+    config: &tokio_postgres::Config,
     extras: &LibpqExtras,
     options: &Options,
 ) -> Result<Option<String>> {
@@ -174,7 +699,7 @@ fn pgpass_password(
     let database = config.get_dbname().unwrap_or(user);
     let ports = config.get_ports();
     for (i, host) in config.get_hosts().iter().enumerate() {
-        let postgres::config::Host::Tcp(host) = host else {
+        let Host::Tcp(host) = host else {
             continue;
         };
         let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
@@ -224,33 +749,25 @@ fn pg_tls(extras: &LibpqExtras, options: &Options) -> Result<postgres_openssl::M
 /// the coordinator changed. `now` is read after the lock, so that a wait for it counts in
 /// the request's age.
 fn pg_registry_row(
-    tx: &mut postgres::Transaction<'_>,
+    tx: &mut Tx<'_>,
+    sql: &Statements,
     epoch_unix_ms: i64,
 ) -> Result<(i64, i64, i64)> {
-    tx.execute(PG_INSTANCE_TOKEN, &[])?;
-    let row = tx.query_one(PG_NOW, &[])?;
+    tx.execute(&sql.instance_token, &[])?;
+    let row = tx.query_one(&sql.now, &[])?;
     let first_now: i64 = row.get(0);
     let incarnation: String = row.get(1);
     tx.execute(
-        "INSERT INTO snowflake_registry (incarnation, born_unix_ms, epoch_unix_ms) \
-         VALUES ($1, $2, $3) ON CONFLICT (singleton) DO NOTHING",
+        &sql.registry_insert,
         &[&incarnation, &first_now, &epoch_unix_ms],
     )?;
-    let row = tx.query_one(
-        "SELECT incarnation, born_unix_ms, epoch_unix_ms, \
-                (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
-         FROM snowflake_registry FOR UPDATE",
-        &[],
-    )?;
+    let row = tx.query_one(&sql.registry_lock, &[])?;
     let recorded: String = row.get(0);
     let mut born: i64 = row.get(1);
     let epoch: i64 = row.get(2);
     let now: i64 = row.get(3);
     if recorded != incarnation && epoch == epoch_unix_ms {
-        tx.execute(
-            "UPDATE snowflake_registry SET incarnation = $1, born_unix_ms = $2",
-            &[&incarnation, &now],
-        )?;
+        tx.execute(&sql.registry_reborn, &[&incarnation, &now])?;
         born = now;
     }
     Ok((now, born, epoch))
@@ -260,7 +777,8 @@ fn pg_registry_row(
 /// no released value. `floor`: Some(f) sets the holder's floor (a free grant: f, or None
 /// when nothing was recorded), None keeps it (a renewal).
 fn pg_hold(
-    tx: &mut postgres::Transaction<'_>,
+    tx: &mut Tx<'_>,
+    sql: &Statements,
     request: &ClaimRequest<'_>,
     worker_id: u8,
     now: i64,
@@ -273,14 +791,7 @@ fn pg_hold(
         None => (false, None),
     };
     tx.execute(
-        "INSERT INTO snowflake_claims AS c \
-           (datacenter_id, worker_id, holder, expires_unix_ms, high_water_unix_ms, floor_unix_ms) \
-         VALUES ($1, $2, $3, $4, $5, $7) \
-         ON CONFLICT (datacenter_id, worker_id) DO UPDATE \
-           SET holder = excluded.holder, expires_unix_ms = excluded.expires_unix_ms, \
-               high_water_unix_ms = greatest(c.high_water_unix_ms, excluded.high_water_unix_ms), \
-               floor_unix_ms = CASE WHEN $6 THEN excluded.floor_unix_ms ELSE c.floor_unix_ms END, \
-               released_unix_ms = NULL",
+        &sql.hold,
         &[
             &dc,
             &w,
@@ -296,13 +807,13 @@ fn pg_hold(
 
 /// The floor a free grant of `worker_id` gets (see [`claim::free_grant_floor_unix_ms`]).
 fn pg_free_floor(
-    tx: &mut postgres::Transaction<'_>,
+    tx: &mut Tx<'_>,
+    sql: &Statements,
     datacenter_id: u8,
     worker_id: u8,
 ) -> Result<Option<i64>> {
     let row = tx.query_opt(
-        "SELECT high_water_unix_ms, released_unix_ms FROM snowflake_claims \
-         WHERE datacenter_id = $1 AND worker_id = $2",
+        &sql.free_floor,
         &[&i32::from(datacenter_id), &i32::from(worker_id)],
     )?;
     Ok(row.and_then(|r| claim::free_grant_floor_unix_ms(r.get(0), r.get(1))))
@@ -315,15 +826,15 @@ impl PgRegistry {
         request: &ClaimRequest<'_>,
         on_epoch: impl FnOnce(i64) -> Result<R>,
         on_rejected: impl FnOnce(RequestAge) -> R,
-        f: impl FnOnce(&mut postgres::Transaction<'_>, i64, i64) -> Result<R>,
+        f: impl FnOnce(&mut Tx<'_>, &Statements, i64, i64) -> Result<R>,
     ) -> Result<(R, Observed)> {
-        let (reply, now, born) = self.transaction(|tx| {
-            let (now, born, epoch) = pg_registry_row(tx, request.epoch_unix_ms)?;
+        let (reply, now, born) = self.transaction(|tx, sql| {
+            let (now, born, epoch) = pg_registry_row(tx, sql, request.epoch_unix_ms)?;
             if epoch != request.epoch_unix_ms {
                 return Ok((on_epoch(epoch)?, now, born));
             }
             match request.timing().request_age(request.sent_unix_ms, now) {
-                RequestAge::Fresh => Ok((f(tx, now, born)?, now, born)),
+                RequestAge::Fresh => Ok((f(tx, sql, now, born)?, now, born)),
                 age => Ok((on_rejected(age), now, born)),
             }
         })?;
@@ -350,12 +861,8 @@ impl Registry for PgRegistry {
                 })
             },
             ClaimReply::Rejected,
-            |tx, now, born| {
-                let rows = tx.query(
-                    "SELECT worker_id, holder, floor_unix_ms FROM snowflake_claims \
-                     WHERE datacenter_id = $1 AND holder IS NOT NULL AND expires_unix_ms > $2",
-                    &[&i32::from(request.datacenter_id), &now],
-                )?;
+            |tx, sql, now, born| {
+                let rows = tx.query(&sql.live, &[&i32::from(request.datacenter_id), &now])?;
                 let live: Vec<(u8, String, Option<i64>)> = rows
                     .iter()
                     .map(|r| (r.get::<_, i32>(0) as u8, r.get(1), r.get(2)))
@@ -366,7 +873,7 @@ impl Registry for PgRegistry {
                 Ok(
                     match claim::choose_worker(request.order, &holders, request.token, settle) {
                         ClaimChoice::Own(w) => {
-                            pg_hold(tx, request, w, now, None)?;
+                            pg_hold(tx, sql, request, w, now, None)?;
                             ClaimReply::Granted {
                                 worker_id: w,
                                 granted: Granted::Own,
@@ -377,8 +884,8 @@ impl Registry for PgRegistry {
                             }
                         }
                         ClaimChoice::Free(w) => {
-                            let floor = pg_free_floor(tx, request.datacenter_id, w)?;
-                            pg_hold(tx, request, w, now, Some(floor))?;
+                            let floor = pg_free_floor(tx, sql, request.datacenter_id, w)?;
+                            pg_hold(tx, sql, request, w, now, Some(floor))?;
                             ClaimReply::Granted {
                                 worker_id: w,
                                 granted: Granted::Free,
@@ -407,11 +914,10 @@ impl Registry for PgRegistry {
                 ))
             },
             RenewReply::Rejected,
-            |tx, now, born| {
+            |tx, sql, now, born| {
                 let holder: Option<String> = tx
                     .query_opt(
-                        "SELECT holder FROM snowflake_claims WHERE datacenter_id = $1 \
-                         AND worker_id = $2 AND holder IS NOT NULL AND expires_unix_ms > $3",
+                        &sql.holder,
                         &[
                             &i32::from(request.datacenter_id),
                             &i32::from(worker_id),
@@ -423,11 +929,11 @@ impl Registry for PgRegistry {
                     .is_some_and(|known| request.timing().may_reassert(known, born, now));
                 Ok(match holder {
                     Some(h) if h == request.token => {
-                        pg_hold(tx, request, worker_id, now, None)?;
+                        pg_hold(tx, sql, request, worker_id, now, None)?;
                         RenewReply::Renewed
                     }
                     None if reassert => {
-                        pg_hold(tx, request, worker_id, now, Some(None))?;
+                        pg_hold(tx, sql, request, worker_id, now, Some(None))?;
                         RenewReply::Renewed
                     }
                     other => RenewReply::Lost { holder: other },
@@ -443,13 +949,9 @@ impl Registry for PgRegistry {
         token: &str,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
-        self.transaction(|tx| {
+        self.transaction(|tx, sql| {
             tx.execute(
-                "UPDATE snowflake_claims SET holder = NULL, expires_unix_ms = NULL, \
-                   released_unix_ms = CASE WHEN $4::bigint IS NULL THEN NULL \
-                                          ELSE greatest($4::bigint, floor_unix_ms) END, \
-                   high_water_unix_ms = greatest(high_water_unix_ms, $4::bigint, floor_unix_ms) \
-                 WHERE datacenter_id = $1 AND worker_id = $2 AND holder = $3",
+                &sql.release,
                 &[
                     &i32::from(datacenter_id),
                     &i32::from(worker_id),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::resp::Bounded;
 use super::{
     wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
     Result,
@@ -112,7 +113,7 @@ return 1
 pub struct RedisRegistry {
     target: Target,
     timeout: Duration,
-    connection: Option<redis::Connection>,
+    connection: Option<Bounded>,
     /// Where `connection` goes (host:port), to notice that the sentinels moved the master.
     connected_to: String,
     /// The sentinels' configuration epoch as of this request (see
@@ -129,7 +130,7 @@ pub struct RedisRegistry {
 /// Where requests go.
 enum Target {
     /// `redis://` or `rediss://`: this server.
-    Direct(redis::Client),
+    Direct(Endpoint),
     /// `redis+sentinel://`: the master that a majority of the sentinels name.
     Sentinel(Sentinels),
 }
@@ -137,9 +138,9 @@ enum Target {
 /// The sentinels of a `redis+sentinel://` URI and how to reach the master they name.
 struct Sentinels {
     /// One client per sentinel.
-    sentinels: Vec<redis::Client>,
+    sentinels: Vec<Endpoint>,
     /// Cached connections to them.
-    connections: Vec<Option<redis::Connection>>,
+    connections: Vec<Option<Bounded>>,
     /// The master's name in the sentinels' configuration.
     master: String,
     /// How to reach a Redis server: the URI scheme, credentials, database and TLS.
@@ -157,7 +158,7 @@ struct ServerParams {
 }
 
 impl ServerParams {
-    fn client(&self, host_port: &str) -> Result<redis::Client> {
+    fn client(&self, host_port: &str) -> Result<Endpoint> {
         let scheme = if self.secure { "rediss" } else { "redis" };
         let mut info = redis::IntoConnectionInfo::into_connection_info(format!(
             "{scheme}://{host_port}/{}",
@@ -175,27 +176,38 @@ impl ServerParams {
     }
 }
 
-/// A client for `info`, trusting the CA's PEM for TLS (the system's CAs without one).
+/// Where and how to connect: a server's address and settings, and the CA's PEM for TLS.
+#[derive(Clone)]
+struct Endpoint {
+    info: redis::ConnectionInfo,
+    ca_pem: Option<Vec<u8>>,
+}
+
+impl Endpoint {
+    /// A connection bounded in time and bytes (see resp.rs).
+    fn connect(&self, timeout: Duration) -> Result<Bounded> {
+        Bounded::connect(&self.info, self.ca_pem.as_deref(), timeout)
+    }
+}
+
+/// An endpoint for `info`, trusting the CA's PEM for TLS (the system's CAs without one).
 fn client_for(
     info: redis::ConnectionInfo,
     secure: bool,
     ca_pem: Option<&Vec<u8>>,
-) -> Result<redis::Client> {
+) -> Result<Endpoint> {
     if secure {
         if let redis::ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
             return Err(RegistryError(
                 "rediss://...#insecure turns certificate checks off; a registry reached without them can be impersonated, which breaks uniqueness".into(),
             ));
         }
-        Ok(redis::Client::build_with_tls(
+        Ok(Endpoint {
             info,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: ca_pem.cloned(),
-            },
-        )?)
+            ca_pem: ca_pem.cloned(),
+        })
     } else {
-        Ok(redis::Client::open(info)?)
+        Ok(Endpoint { info, ca_pem: None })
     }
 }
 
@@ -285,7 +297,7 @@ impl RedisRegistry {
         })
     }
 
-    fn connection(&mut self) -> Result<&mut redis::Connection> {
+    fn connection(&mut self) -> Result<&mut Bounded> {
         let timeout = self.timeout;
         let (client, address) = match &mut self.target {
             Target::Direct(client) => (client.clone(), String::new()),
@@ -300,9 +312,7 @@ impl RedisRegistry {
             self.connection = None;
         }
         if self.connection.is_none() {
-            let mut c = client.get_connection_with_timeout(timeout)?;
-            c.set_read_timeout(Some(timeout))?;
-            c.set_write_timeout(Some(timeout))?;
+            let mut c = client.connect(timeout)?;
             if !address.is_empty() {
                 check_is_master(&mut c, &address)?;
             }
@@ -314,10 +324,7 @@ impl RedisRegistry {
 
     /// Runs `f` on the connection, with the sentinels' epoch (see
     /// [`Sentinels::master_address`]); drops the connection after any error.
-    fn with<T>(
-        &mut self,
-        f: impl FnOnce(&mut redis::Connection, Option<i64>) -> Result<T>,
-    ) -> Result<T> {
+    fn with<T>(&mut self, f: impl FnOnce(&mut Bounded, Option<i64>) -> Result<T>) -> Result<T> {
         let result = match self.connection() {
             Err(e) => Err(e),
             Ok(_) => {
@@ -337,7 +344,7 @@ impl RedisRegistry {
     /// Runs one of the prelude's scripts for `request` with `extra` arguments; returns the
     /// reply's word and the rest, and what was observed.
     fn invoke(
-        con: &mut redis::Connection,
+        con: &mut Bounded,
         sentinel_epoch: Option<i64>,
         script: &redis::Script,
         request: &ClaimRequest<'_>,
@@ -388,7 +395,7 @@ impl RedisRegistry {
 /// a restore or a replacement shows) and its replication id (new whenever it is promoted, so
 /// a failover shows, even back to a server whose `run_id` the registry recorded earlier:
 /// it resynchronized from the other one in between and may have lost writes).
-fn redis_incarnation(con: &mut redis::Connection) -> Result<String> {
+fn redis_incarnation(con: &mut Bounded) -> Result<String> {
     let server: String = redis::cmd("INFO").arg("server").query(con)?;
     let replication: String = redis::cmd("INFO").arg("replication").query(con)?;
     let field = |text: &str, name: &str| {
@@ -419,9 +426,7 @@ impl Sentinels {
         for (client, cached) in self.sentinels.iter().zip(self.connections.iter_mut()) {
             let answer = (|| -> Result<Vec<String>> {
                 if cached.is_none() {
-                    let c = client.get_connection_with_timeout(timeout)?;
-                    c.set_read_timeout(Some(timeout))?;
-                    c.set_write_timeout(Some(timeout))?;
+                    let c = client.connect(timeout)?;
                     *cached = Some(c);
                 }
                 let con = cached.as_mut().expect("connected above");
@@ -483,7 +488,7 @@ impl Sentinels {
 
 /// Checks that the server the sentinels named is a master (it may still be starting, or
 /// be demoted between the sentinels' answer and the connection).
-fn check_is_master(con: &mut redis::Connection, address: &str) -> Result<()> {
+fn check_is_master(con: &mut Bounded, address: &str) -> Result<()> {
     let role: Vec<redis::Value> = redis::cmd("ROLE").query(con)?;
     let first: String =
         redis::from_redis_value(role.first().cloned().unwrap_or(redis::Value::Nil))?;
