@@ -5,12 +5,15 @@
 //!
 //! The worker's own thread never touches a socket: it hands each request to the request
 //! thread and waits for the reply with signals open, looking at the SIGTERM flag and at the
-//! postmaster every [`POLL`]. A request has a bound (twice the client's timeout: a connection,
-//! then the request); past it the thread is abandoned, with its client and socket, and the
-//! next request gets a new thread and a new client. Abandoned threads end when their client
-//! library's own timeouts end the call; at most [`MAX_STUCK`] live at once, so a registry that
-//! never answers cannot make the worker start threads without end. Nothing on the request
-//! thread calls PostgreSQL: the clients are plain Rust (see `registry`).
+//! postmaster every [`POLL`]. Each client ends its own requests by deadlines of the registry
+//! timeout (`claim_ttl / 5` for the connection, then for each request; see `registry`), so a
+//! reply always comes. As a backstop, should a client's deadline fail, a request without a
+//! reply after ten times the timeout (`2 × claim_ttl`) is abandoned with its thread, client
+//! and socket, and the next request gets a new thread and a new client (which loses what the
+//! old one kept, such as etcd's lease: hence not sooner). Abandoned threads end when their
+//! call does; at most [`MAX_STUCK`] live at once, so a registry cannot make the worker start
+//! threads without end. Nothing on the request thread calls PostgreSQL: the clients are plain
+//! Rust (see `registry`).
 //!
 //! The request thread blocks every signal, so that the kernel delivers them all to the
 //! worker's thread, where PostgreSQL's handlers expect to run; a registry call is then never
@@ -34,6 +37,9 @@ pub(crate) const POLL: Duration = Duration::from_millis(50);
 /// How long the release at shutdown may take, at most (also bounded by the request bound):
 /// fast shutdown waits for the worker, and an unreachable registry must not hold it.
 pub(crate) const SHUTDOWN_RELEASE: Duration = Duration::from_millis(1000);
+
+/// The backstop bound on a request, in registry timeouts (see the module's text).
+const BACKSTOP_TIMEOUTS: u32 = 10;
 
 /// Request threads still running after being abandoned, at most: past that, requests fail
 /// until some end (their client's own timeouts end them).
@@ -78,7 +84,7 @@ pub(crate) struct Runner {
     client: Option<Box<dyn Registry>>,
     /// Request threads alive, the current one included.
     alive: Arc<AtomicUsize>,
-    /// Each request's bound.
+    /// Each request's backstop bound (the clients' own deadlines come first).
     bound: Duration,
     /// Set at shutdown: the release waits for its reply (at most [`SHUTDOWN_RELEASE`]) although
     /// SIGTERM was received.
@@ -132,7 +138,7 @@ impl Runner {
             jobs: None,
             client: Some(client),
             alive: Arc::new(AtomicUsize::new(0)),
-            bound: options.timeout.saturating_mul(2),
+            bound: options.timeout.saturating_mul(BACKSTOP_TIMEOUTS),
             shutting_down: false,
         })
     }
@@ -219,7 +225,7 @@ impl Runner {
                 // afresh. The thread ends when its call does (its queue is closed).
                 self.jobs = None;
                 return Err(RegistryError(format!(
-                    "the registry did not answer within {} ms (twice the registry timeout, a fifth of snowflake.claim_ttl); the request was abandoned",
+                    "the registry did not answer within {} ms (twice snowflake.claim_ttl), although each request has a deadline of a fifth of it; the request was abandoned",
                     bound.as_millis()
                 )));
             }

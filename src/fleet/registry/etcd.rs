@@ -378,9 +378,12 @@ impl EtcdRegistry {
             .to_socket_addrs()?
             .next()
             .ok_or_else(|| RegistryError(format!("etcd member {endpoint}: no address")))?;
-        let stream = TcpStream::connect_timeout(&address, self.timeout)?;
-        stream.set_read_timeout(Some(self.timeout))?;
-        stream.set_write_timeout(Some(self.timeout))?;
+        // Every read and write, the TLS handshake's too, ends by one deadline (a per-read
+        // timeout let a server sending a byte at a time hold the request for ever).
+        let stream = super::resp::Timed::new(
+            TcpStream::connect_timeout(&address, self.timeout)?,
+            std::time::Instant::now() + self.timeout,
+        );
         let request = format!("GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         let mut head = Vec::new();
         let read_head = |s: &mut dyn ReadWrite, head: &mut Vec<u8>| -> Result<()> {

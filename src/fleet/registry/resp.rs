@@ -15,30 +15,77 @@ use super::{RegistryError, Result};
 /// (a few hundred bytes).
 pub(crate) const MAX_REPLY_BYTES: usize = 1 << 20;
 
+/// A TCP stream whose reads and writes all end by a deadline: each waits at most the time
+/// left (a per-read timeout alone lets a server that sends a byte at a time hold a request
+/// for ever). Used under TLS too, so that a handshake is bounded the same way.
+#[derive(Debug)]
+pub(crate) struct Timed {
+    tcp: TcpStream,
+    deadline: Instant,
+}
+
+impl Timed {
+    pub(crate) fn new(tcp: TcpStream, deadline: Instant) -> Self {
+        Timed { tcp, deadline }
+    }
+
+    pub(crate) fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the registry did not answer in time",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tcp.set_read_timeout(Some(self.left()?))?;
+        self.tcp.read(buf)
+    }
+}
+
+impl Write for Timed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tcp.set_write_timeout(Some(self.left()?))?;
+        self.tcp.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
 enum Stream {
-    Plain(TcpStream),
-    Tls(Box<native_tls::TlsStream<TcpStream>>),
+    Plain(Timed),
+    Tls(Box<native_tls::TlsStream<Timed>>),
     #[cfg(unix)]
     Unix(std::os::unix::net::UnixStream),
 }
 
 impl Stream {
-    fn set_read_timeout(&self, t: Duration) -> std::io::Result<()> {
+    /// Every read and write from now on ends by `deadline` (a Unix socket: each waits at
+    /// most until then).
+    fn set_deadline(&mut self, deadline: Instant) -> std::io::Result<()> {
         match self {
-            Stream::Plain(s) => s.set_read_timeout(Some(t)),
-            Stream::Tls(s) => s.get_ref().set_read_timeout(Some(t)),
+            Stream::Plain(s) => s.set_deadline(deadline),
+            Stream::Tls(s) => s.get_mut().set_deadline(deadline),
             #[cfg(unix)]
-            Stream::Unix(s) => s.set_read_timeout(Some(t)),
+            Stream::Unix(s) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let left = left.max(Duration::from_millis(1));
+                s.set_read_timeout(Some(left))?;
+                s.set_write_timeout(Some(left))?;
+            }
         }
-    }
-
-    fn set_write_timeout(&self, t: Duration) -> std::io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.set_write_timeout(Some(t)),
-            Stream::Tls(s) => s.get_ref().set_write_timeout(Some(t)),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.set_write_timeout(Some(t)),
-        }
+        Ok(())
     }
 }
 
@@ -88,14 +135,12 @@ impl Read for Limited<'_> {
                 "the registry sent more than {MAX_REPLY_BYTES} bytes for one request"
             )));
         }
-        let wait = self.deadline.saturating_duration_since(Instant::now());
-        if wait.is_zero() {
+        if Instant::now() >= self.deadline {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the registry did not answer in time",
             ));
         }
-        self.stream.set_read_timeout(wait)?;
         let n = (*self.left).min(buf.len());
         let got = self.stream.read(&mut buf[..n])?;
         *self.left -= got;
@@ -122,7 +167,10 @@ impl Bounded {
         timeout: Duration,
     ) -> Result<Self> {
         let stream = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => Stream::Plain(tcp(host, *port, timeout)?),
+            redis::ConnectionAddr::Tcp(host, port) => Stream::Plain(Timed::new(
+                tcp(host, *port, timeout)?,
+                Instant::now() + timeout,
+            )),
             redis::ConnectionAddr::TcpTls {
                 host,
                 port,
@@ -144,9 +192,8 @@ impl Bounded {
                     }
                 }
                 let connector = builder.build()?;
-                let tcp = tcp(host, *port, timeout)?;
-                tcp.set_read_timeout(Some(timeout))?;
-                tcp.set_write_timeout(Some(timeout))?;
+                // The handshake ends by the deadline, whatever the server sends.
+                let tcp = Timed::new(tcp(host, *port, timeout)?, Instant::now() + timeout);
                 let tls = connector.connect(host, tcp).map_err(|e| {
                     RegistryError(format!("{host}:{port}: TLS handshake failed: {e}"))
                 })?;
@@ -189,7 +236,7 @@ impl Bounded {
         }
         let deadline = Instant::now() + self.timeout;
         let result = (|| {
-            self.stream.set_write_timeout(self.timeout)?;
+            self.stream.set_deadline(deadline)?;
             self.stream.write_all(cmd)?;
             let mut left = MAX_REPLY_BYTES;
             let mut values = Vec::with_capacity(replies);
