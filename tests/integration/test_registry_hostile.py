@@ -327,6 +327,31 @@ class HostileRegistryTest(unittest.TestCase):
         self.assertEqual(self.node.one("SELECT 1"), 1)
         self.node.stop()
 
+    def test_claim_held_and_registry_frozen_at_shutdown(self):
+        """The release at shutdown waits at most 1 s for a registry that stopped answering
+        (SIGSTOP of a real redis-server) while the node held a claim."""
+        port = free_port()
+        redis = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(redis.wait)
+        self.addCleanup(redis.kill)
+        self.addCleanup(os.kill, redis.pid, signal.SIGCONT)
+        wait_until(lambda: subprocess.run(["redis-cli", "-p", str(port), "PING"],
+                                          capture_output=True, text=True).stdout.strip()
+                   == "PONG", what="redis-server")
+        self.start_node_on(f"redis://127.0.0.1:{port}/0")
+        wait_until(lambda: self.node.one("SELECT claim_status FROM snowflake_stats()")
+                   == "held", what="a claim")
+        os.kill(redis.pid, signal.SIGSTOP)
+        took, rc = self.stop_timed()
+        print(f"\nclaim held, registry frozen: fast shutdown took {took:.2f} s "
+              f"(bound {STOP_BOUND_S:.2f} s)")
+        self.assertEqual(rc, 0)
+        self.assertLess(took, STOP_BOUND_S)
+        self.assertIn("could not release worker id", self.new_log())
+        self.assert_no_crash("claim held, registry frozen")
+
     # -- attack 4: Redis and etcd --------------------------------------------------------
     def test_redis_silent(self):
         f = self.fake("silent")
