@@ -91,6 +91,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
             .map(|c| c.worker_id),
         recorded,
         avoided: Vec::new(),
+        last_failure: String::new(),
     };
     let options = registry::Options {
         timeout: Duration::from_millis(timing.heartbeat_ms()),
@@ -179,6 +180,9 @@ struct Holder {
     /// Worker ids given back because their floor was too far ahead of this server's clock,
     /// with that floor: not asked for again until the clock nears it.
     avoided: Vec<(u8, i64)>,
+    /// The cause of the last failed request logged (empty after a success): each new cause
+    /// is logged once.
+    last_failure: String,
 }
 
 impl Holder {
@@ -245,6 +249,7 @@ impl Holder {
                     retry
                 }
                 Err(e) => {
+                    self.log_failure(&e.0);
                     self.failed_renewal(old, &format!("Renewing the claim failed: {}", e.0));
                     retry
                 }
@@ -373,6 +378,7 @@ impl Holder {
                 retry
             }
             Err(e) => {
+                self.log_failure(&e.0);
                 self.report(ClaimStatus::Unreachable, &e.0, 0);
                 retry
             }
@@ -416,6 +422,8 @@ impl Holder {
         shared.fence = fence;
         drop(shared);
         self.held = Some((worker_id, fence));
+        // A failure after this success is logged again, even with the same cause.
+        self.last_failure.clear();
     }
 
     /// Stops the generator at once and forgets the claim.
@@ -435,6 +443,15 @@ impl Holder {
     fn note_failure(&self, why: &str) {
         let mut claim = shmem::CLAIM.exclusive();
         claim.set_detail(why);
+    }
+
+    /// Logs a failed request's cause once per change of cause (not at shutdown, when
+    /// requests are cut short on purpose).
+    fn log_failure(&mut self, why: &str) {
+        if why != self.last_failure && !runner::stop_requested() {
+            errors::registry_request_failed(&self.uri, why).log();
+            self.last_failure = why.to_string();
+        }
     }
 
     /// Publishes the status for callers and monitoring.

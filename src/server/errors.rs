@@ -919,3 +919,18 @@ pub fn text(err: TextError) -> SnowflakeError {
         ),
     }
 }
+
+// -- The registry worker's failed requests (issue 35; added by the fleet's session) ------
+
+/// A registry request failed, with a cause other than the last one logged: logged once per
+/// change of cause, so that a refused coordinator (its tables owned by another role) or an
+/// unreachable registry shows in the server log, not only in callers' DETAIL. `why` has no
+/// secret (the clients' errors are filtered; see `fleet::registry::open`).
+pub fn registry_request_failed(registry: &str, why: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+        format!("snowflake: a request to registry {registry} failed"),
+        why.to_string(),
+        "Fix the cause named in DETAIL (the registry's address, TLS, the password, or the owners of the coordinator's schema and tables); the registry worker retries by itself.",
+    )
+}

@@ -483,6 +483,11 @@ class CoordinatorLookAlikeTest(unittest.TestCase):
             except psycopg.Error as e:
                 self.assertIn('schema "trap" on the coordinator is owned by role "intruder"',
                               e.diag.message_detail)
+        # And the server log says why, once.
+        wait_until(lambda: 'schema "trap" on the coordinator is owned by role "intruder"'
+                   in c.log(), what="the refusal in the server log")
+        self.assertEqual(c.log().count("LOG:  snowflake: a request to registry"), 1,
+                         c.log()[-3000:])
         tables = self.coord.sql("SELECT count(*) FROM pg_class c JOIN pg_namespace n "
                                 "ON n.oid = c.relnamespace WHERE n.nspname = 'trap'",
                                 dbname="reg")[0][0]
