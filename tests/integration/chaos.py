@@ -642,7 +642,7 @@ def documented_ddl():
     create the tables at the same moment."""
     with open(REGISTRIES_DOC) as f:
         text = f.read()
-    start = text.index("CREATE TABLE snowflake_registry (")
+    start = text.index("CREATE TABLE public.snowflake_registry (")
     end = text.index("-- The nodes' user needs", start)
     return (text[start:end]
             .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
