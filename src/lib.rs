@@ -63,6 +63,9 @@ fn warn_about_settings() {
     if let Some(rejected) = gucs::rejected_at_start() {
         errors::setting(&rejected).warn();
     }
+    if gucs::registry().is_some_and(|uri| snowflake_core::secrets::holds_password(&uri)) {
+        errors::registry_password_in_setting().warn();
+    }
     match gucs::config() {
         None => {}
         Some(Err(e)) => errors::setting(&e).warn(),

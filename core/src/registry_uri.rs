@@ -104,6 +104,9 @@ pub struct LibpqExtras {
     /// `sslmode`: disable, allow, prefer, require, verify-ca or verify-full (lower case;
     /// `prefer` when absent, as in libpq).
     pub sslmode: String,
+    /// Whether the URI names `sslmode` (without it, a coordinator client that has a password
+    /// to send requires TLS: see `fleet::registry::postgres`).
+    pub sslmode_given: bool,
     /// `sslrootcert`: the CA file for verify-ca and verify-full.
     pub sslrootcert: Option<String>,
     /// `passfile`: a `.pgpass`-style file.
@@ -146,6 +149,7 @@ pub fn split_libpq_extras(uri: &str) -> Result<LibpqExtras, String> {
     };
     let mut kept = Vec::new();
     let mut sslmode = "prefer".to_string();
+    let mut sslmode_given = false;
     let mut sslrootcert = None;
     let mut passfile = None;
     let mut schema = DEFAULT_COORDINATOR_SCHEMA.to_string();
@@ -168,6 +172,7 @@ pub fn split_libpq_extras(uri: &str) -> Result<LibpqExtras, String> {
                     return Err(format!("invalid sslmode \"{v}\""));
                 }
                 sslmode = v;
+                sslmode_given = true;
             }
             "sslrootcert" => sslrootcert = Some(percent_decode(value)),
             "passfile" => passfile = Some(percent_decode(value)),
@@ -194,6 +199,7 @@ pub fn split_libpq_extras(uri: &str) -> Result<LibpqExtras, String> {
     Ok(LibpqExtras {
         uri,
         sslmode,
+        sslmode_given,
         sslrootcert,
         passfile,
         schema,
@@ -305,6 +311,7 @@ mod tests {
         let y = split_libpq_extras("postgresql://u@h/db").unwrap();
         assert_eq!(y.uri, "postgresql://u@h/db");
         assert_eq!(y.sslmode, "prefer");
+        assert!(x.sslmode_given && !y.sslmode_given);
         assert!(!y.requires_tls());
         assert!(split_libpq_extras("postgresql://h/db?sslmode=bogus").is_err());
         assert_eq!(y.schema, DEFAULT_COORDINATOR_SCHEMA);

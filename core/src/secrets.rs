@@ -166,8 +166,36 @@ pub fn private_file_allowed(
     }
 }
 
+/// Whether `uri` itself holds a password: in its user information, or as the value of a
+/// query parameter naming one (`passfile` names a file: it does not count). Members of
+/// `pg_read_all_settings` read `snowflake.registry`, so a password belongs in
+/// `snowflake.registry_password_file` instead.
+pub fn holds_password(uri: &str) -> bool {
+    let mut uri = uri.to_string();
+    // ASCII case folding keeps byte offsets, so the offset found applies to `uri`.
+    while let Some(i) = uri.to_ascii_lowercase().find("passfile=") {
+        uri.replace_range(i..i + "passfile".len(), "file");
+    }
+    !secret_candidates(&uri).is_empty()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::holds_password;
+
+    #[test]
+    fn password_in_the_uri() {
+        assert!(holds_password("redis://:pw@h:6379/0"));
+        assert!(holds_password("postgresql://u:pw@h/db"));
+        assert!(holds_password("postgresql://u@h/db?password=pw"));
+        assert!(holds_password(
+            "postgresql://u@h/db?passfile=/f&PASSWORD=pw"
+        ));
+        assert!(!holds_password("postgresql://u@h/db?passfile=/etc/f"));
+        assert!(!holds_password("etcd://u@h1,h2/p"));
+        assert!(!holds_password("redis+sentinel://h:26379/m"));
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -934,3 +934,16 @@ pub fn registry_request_failed(registry: &str, why: &str) -> SnowflakeError {
         "Fix the cause named in DETAIL (the registry's address, TLS, the password, or the owners of the coordinator's schema and tables); the registry worker retries by itself.",
     )
 }
+
+// -- Transport trust (issue 35, attack 5; added by the transport session) -----------------
+
+/// `snowflake.registry` holds a password (a WARNING at start): members of
+/// `pg_read_all_settings` (`pg_monitor` among them) read every setting, this one too.
+pub fn registry_password_in_setting() -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("{} holds a password", settings::REGISTRY),
+        "Superusers and members of pg_read_all_settings (pg_monitor among them) can read it.",
+        "Put the password in the file that snowflake.registry_password_file names (its first line for Redis and etcd, .pgpass lines for a coordinator), readable only by the server's OS user, and remove it from the URI.",
+    )
+}

@@ -136,7 +136,7 @@ pub fn init(preloading: bool) {
         ),
         (
             c"snowflake.registry_ca_file",
-            c"CA certificates (PEM) that TLS connections to the registry trust: rediss://, etcds://, and the coordinator's sslmode=verify-ca/verify-full without sslrootcert.",
+            c"CA certificates (PEM) that TLS connections to the registry trust, all of them and no others: rediss://, etcds://, and the coordinator without sslrootcert (its sslmode=require then checks the CA, as verify-ca).",
             c"Empty: the system's trusted certificates.",
             &REGISTRY_CA_FILE,
             GucFlags::SUPERUSER_ONLY,

@@ -387,8 +387,9 @@ class SentinelSet:
     """A Redis master and one replica (no persistence) and three Sentinels watching master
     `snowflake` (quorum 2, down-after 1 s, failover-timeout 3 s). tls: a TestCA; then every
     server and Sentinel listens on TLS only (--port 0), replication and Sentinel's links use
-    TLS. password: requirepass on the data servers (Sentinels know it through auth-pass;
-    they themselves take no password)."""
+    TLS. password: requirepass on the data servers (Sentinels know it through auth-pass)
+    and on the Sentinels (sentinel-pass between them): the node sends the master's password
+    only to an address that authenticated sentinels name, or over TLS (issue 35)."""
 
     def __init__(self, tls=None, password=None, down_after_ms=1000, failover_timeout_ms=3000):
         self.tls = tls
@@ -447,7 +448,8 @@ class SentinelSet:
                   f"sentinel failover-timeout {MASTER_NAME} {self.failover_timeout_ms}",
                   f"sentinel parallel-syncs {MASTER_NAME} 1"]
         if self.password:
-            lines += [f"sentinel auth-pass {MASTER_NAME} {self.password}"]
+            lines += [f"sentinel auth-pass {MASTER_NAME} {self.password}",
+                      f"requirepass {self.password}", f"sentinel sentinel-pass {self.password}"]
         with open(conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         os.chmod(conf, 0o644)
@@ -501,7 +503,7 @@ class SentinelSet:
         cmd = ["redis-cli", "-h", "127.0.0.1", "-p", str(port)]
         if self.tls:
             cmd += ["--tls", "--cacert", self.tls.ca]
-        if self.password and not sentinel:
+        if self.password:
             cmd += ["--no-auth-warning", "-a", self.password]
         try:
             r = subprocess.run(cmd + list(args), text=True, capture_output=True, timeout=5)

@@ -1123,9 +1123,12 @@ def coordinator_password(bundle):
     pair = coordinator_pair(bundle, password=COORD_PASSWORD)
     pw = os.path.join(pair.primary.dir, "pgpass")
     write_password_file(pw, f"127.0.0.1:*:{pair.DB}:{pair.ROLE}:{COORD_PASSWORD}")
+    # This pair has no TLS: a URI with a password to send and no sslmode would require it
+    # (issue 35), so the clear text is asked for explicitly.
+    uri = pair.uri("target_session_attrs=read-write&sslmode=disable")
     a, nopw = start_nodes(bundle, [
-        ("cpw", node_settings(pair.uri(), COORD_TTL, snowflake__registry_password_file=pw)),
-        ("cnopw", node_settings(pair.uri(), COORD_TTL))])
+        ("cpw", node_settings(uri, COORD_TTL, snowflake__registry_password_file=pw)),
+        ("cnopw", node_settings(uri, COORD_TTL))])
     wait_claimed(a)
     return pair, a, nopw
 

@@ -290,8 +290,19 @@ impl EtcdRegistry {
                     .with_connect_timeout(self.timeout)
                     .with_require_leader(true);
                 if let Some(pem) = &self.ca_pem {
-                    options =
-                        options.with_openssl_tls(OpenSslClientConfig::default().ca_cert_pem(pem));
+                    // The CA file is the whole trust set, every certificate of it, as for
+                    // etcdctl --cacert: ca_cert_pem would add only its first certificate,
+                    // and to the system's CAs, which SslConnector::builder loads.
+                    let pem = pem.clone();
+                    options = options.with_openssl_tls(OpenSslClientConfig::default().manually(
+                        move |builder| {
+                            let mut store = openssl::x509::store::X509StoreBuilder::new()?;
+                            for cert in openssl::x509::X509::stack_from_pem(&pem)? {
+                                store.add_cert(cert)?;
+                            }
+                            builder.set_verify_cert_store(store.build())
+                        },
+                    ));
                 }
                 if let Some((user, password)) = &self.credentials {
                     options = options.with_user(user.clone(), password.clone());

@@ -285,27 +285,44 @@ pub(crate) fn read_private_file(path: &str, root_may_share_with_group: bool) -> 
 pub(crate) fn tls_connector(
     ca_file: Option<&str>,
 ) -> Result<(openssl::ssl::SslConnector, Option<Vec<u8>>)> {
+    let (builder, pem) = tls_connector_builder(ca_file)?;
+    Ok((builder.build(), pem))
+}
+
+/// [`tls_connector`]'s builder: with a CA file, every certificate of the file and nothing
+/// else is trusted (the store it verifies with replaces the system's, which
+/// `SslConnector::builder` loads), as libpq, redis-cli and etcdctl do with their CA file.
+pub(crate) fn tls_connector_builder(
+    ca_file: Option<&str>,
+) -> Result<(openssl::ssl::SslConnectorBuilder, Option<Vec<u8>>)> {
     let mut builder = openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())?;
     let pem = match ca_file {
         Some(file) => {
             let pem = std::fs::read(file)
                 .map_err(|e| RegistryError(format!("could not read CA file \"{file}\": {e}")))?;
-            let store = {
-                let mut store = openssl::x509::store::X509StoreBuilder::new()?;
-                for cert in openssl::x509::X509::stack_from_pem(&pem).map_err(|e| {
-                    RegistryError(format!("CA file \"{file}\" holds no PEM certificate: {e}"))
-                })? {
-                    store.add_cert(cert)?;
-                }
-                store.build()
-            };
-            builder.set_verify_cert_store(store)?;
+            builder.set_verify_cert_store(ca_store(file, &pem)?)?;
             Some(pem)
         }
         None => None,
     };
     builder.set_verify(openssl::ssl::SslVerifyMode::PEER);
-    Ok((builder.build(), pem))
+    Ok((builder, pem))
+}
+
+/// A certificate store holding every certificate of the PEM text `pem` (of CA file `file`).
+pub(crate) fn ca_store(file: &str, pem: &[u8]) -> Result<openssl::x509::store::X509Store> {
+    let mut store = openssl::x509::store::X509StoreBuilder::new()?;
+    let certs = openssl::x509::X509::stack_from_pem(pem)
+        .map_err(|e| RegistryError(format!("CA file \"{file}\" holds no PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(RegistryError(format!(
+            "CA file \"{file}\" holds no PEM certificate"
+        )));
+    }
+    for cert in certs {
+        store.add_cert(cert)?;
+    }
+    Ok(store.build())
 }
 
 impl RegistryError {

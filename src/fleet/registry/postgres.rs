@@ -341,6 +341,9 @@ pub struct PgRegistry {
     budget: Arc<Budget>,
     timeout: Duration,
     created: bool,
+    /// TLS is required because the URI names no sslmode and there is a password to send
+    /// (the errors then say how to allow clear text).
+    tls_by_default: bool,
     /// The schema of the tables, and the role that must own it and them (None: the
     /// connecting role).
     schema: String,
@@ -350,7 +353,7 @@ pub struct PgRegistry {
 
 impl PgRegistry {
     pub(super) fn new(uri: &str, options: &Options) -> Result<Self> {
-        let extras = split_libpq_extras(uri.trim()).map_err(RegistryError)?;
+        let mut extras = split_libpq_extras(uri.trim()).map_err(RegistryError)?;
         let mut config: tokio_postgres::Config = extras.uri.parse()?;
         let timeout = options.timeout;
         let ms = timeout.as_millis();
@@ -365,11 +368,6 @@ impl PgRegistry {
             .tcp_user_timeout(timeout)
             .keepalives_idle(Duration::from_secs(5))
             .application_name("snowflake registry")
-            .ssl_mode(match extras.sslmode.as_str() {
-                "disable" => SslMode::Disable,
-                "allow" | "prefer" => SslMode::Prefer,
-                _ => SslMode::Require,
-            })
             .options(format!(
                 "-c search_path=pg_catalog -c synchronous_commit=on -c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={}",
                 ms * 2
@@ -379,6 +377,26 @@ impl PgRegistry {
                 config.password(password);
             }
         }
+        // A fleet credential goes in clear text only where the URI asks for that: without
+        // sslmode, a client with a password requires TLS (libpq's default, prefer, falls
+        // back to clear text when the server refuses TLS, or when a machine in between
+        // answers for it). Password-less setups (trust, peer, certificates) keep prefer.
+        let tls_by_default = !extras.sslmode_given && config.get_password().is_some();
+        if tls_by_default {
+            extras.sslmode = "require".into();
+        }
+        // libpq's rule: require with a root certificate file given checks the certificate
+        // against it, as verify-ca. snowflake.registry_ca_file counts as one.
+        if extras.sslmode == "require"
+            && (extras.sslrootcert.is_some() || options.ca_file.is_some())
+        {
+            extras.sslmode = "verify-ca".into();
+        }
+        config.ssl_mode(match extras.sslmode.as_str() {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            _ => SslMode::Require,
+        });
         let tls = pg_tls(&extras, options)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -395,6 +413,7 @@ impl PgRegistry {
             }),
             timeout,
             created: false,
+            tls_by_default,
             sql: Statements::new(&extras.schema),
             schema: extras.schema,
             owner: extras.owner,
@@ -460,7 +479,16 @@ impl PgRegistry {
             // As libpq: no TLS over a Unix socket.
             config.ssl_mode(SslMode::Disable);
         }
-        let (client, connection) = run_until(&self.rt, deadline, config.connect_raw(stream, tls))?;
+        let (client, connection) = run_until(&self.rt, deadline, config.connect_raw(stream, tls))
+            .map_err(|e| {
+                if self.tls_by_default && !unix && e.0.contains("does not support TLS") {
+                    RegistryError(format!(
+                        "{name}:{port}: the server refused TLS, and the password is sent only over TLS when the URI names no sslmode (set sslmode=require or stronger on the server's side, or sslmode=prefer in the URI to send it in clear text)"
+                    ))
+                } else {
+                    e
+                }
+            })?;
         // The connection's task runs whenever a request drives the runtime.
         self.rt.spawn(connection);
         if config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite {
@@ -711,24 +739,26 @@ fn pgpass_password(
 }
 
 /// The TLS connector for the URI's `sslmode`: verify-ca and verify-full check the server's
-/// certificate against `sslrootcert` (or `snowflake.registry_ca_file`, or the system's CAs),
-/// and verify-full its host name too; require and prefer encrypt without checking, as libpq.
+/// certificate against `sslrootcert` (or `snowflake.registry_ca_file`: all the file's
+/// certificates and only those, as libpq; the system's CAs without either), and verify-full
+/// its host name too; require (with no root certificate given) and prefer encrypt without
+/// checking, as libpq.
 fn pg_tls(extras: &LibpqExtras, options: &Options) -> Result<postgres_openssl::MakeTlsConnector> {
     let builder = if extras.verifies_certificate() {
         let ca = extras
             .sslrootcert
             .clone()
             .or_else(|| options.ca_file.clone());
-        let mut builder =
-            openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())?;
         match ca {
-            Some(file) => builder
-                .set_ca_file(&file)
-                .map_err(|e| RegistryError(format!("could not load CA file \"{file}\": {e}")))?,
-            None => builder.set_default_verify_paths()?,
+            // SslConnector::builder trusts the system's CAs: the file's store replaces them.
+            Some(file) => super::tls_connector_builder(Some(&file))?.0,
+            None => {
+                let mut builder =
+                    openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())?;
+                builder.set_verify(openssl::ssl::SslVerifyMode::PEER);
+                builder
+            }
         }
-        builder.set_verify(openssl::ssl::SslVerifyMode::PEER);
-        builder
     } else {
         let mut builder =
             openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())?;

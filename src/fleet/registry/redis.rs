@@ -139,8 +139,9 @@ enum Target {
 struct Sentinels {
     /// One client per sentinel.
     sentinels: Vec<Endpoint>,
-    /// Cached connections to them.
-    connections: Vec<Option<Bounded>>,
+    /// Cached connections to them, and whether each sentinel accepted the URI's credentials
+    /// (false: it takes no password, so whoever reaches it may have reconfigured it).
+    connections: Vec<Option<(Bounded, bool)>>,
     /// The master's name in the sentinels' configuration.
     master: String,
     /// How to reach a Redis server: the URI scheme, credentials, database and TLS.
@@ -251,7 +252,9 @@ impl RedisRegistry {
                 password: parsed.password.clone().or(file_password),
                 db,
             };
-            // The sentinels themselves: TLS like the master, no credentials.
+            // The sentinels themselves: TLS like the master; the URI's credentials are sent
+            // by master_address (AUTH), as redis-cli -a does, and a sentinel that takes no
+            // password is used, but not trusted with the master's password (see there).
             let sentinel_params = ServerParams {
                 user: String::new(),
                 password: None,
@@ -420,23 +423,28 @@ impl Sentinels {
     /// during a failover, woken up, then chosen again when the other dies) keeps its run id
     /// and replication id, and its data lacks everything written to the other meanwhile.
     fn master_address(&mut self, timeout: Duration) -> Result<(String, i64)> {
-        let mut votes: Vec<(String, usize)> = Vec::new();
+        // (address, sentinels naming it, of which authenticated).
+        let mut votes: Vec<(String, usize, usize)> = Vec::new();
         let mut errors = Vec::new();
         let mut epoch = i64::MIN;
         for (client, cached) in self.sentinels.iter().zip(self.connections.iter_mut()) {
-            let answer = (|| -> Result<Vec<String>> {
+            let answer = (|| -> Result<(Vec<String>, bool)> {
                 if cached.is_none() {
-                    let c = client.connect(timeout)?;
-                    *cached = Some(c);
+                    let mut c = client.connect(timeout)?;
+                    let authenticated = authenticate_sentinel(&mut c, &self.server)?;
+                    *cached = Some((c, authenticated));
                 }
-                let con = cached.as_mut().expect("connected above");
-                Ok(redis::cmd("SENTINEL")
-                    .arg("MASTER")
-                    .arg(&self.master)
-                    .query(con)?)
+                let (con, authenticated) = cached.as_mut().expect("connected above");
+                Ok((
+                    redis::cmd("SENTINEL")
+                        .arg("MASTER")
+                        .arg(&self.master)
+                        .query(con)?,
+                    *authenticated,
+                ))
             })();
             match answer {
-                Ok(fields) => {
+                Ok((fields, authenticated)) => {
                     let field = |name: &str| {
                         fields
                             .chunks(2)
@@ -455,9 +463,12 @@ impl Sentinels {
                     } else {
                         format!("{host}:{port}")
                     };
-                    match votes.iter_mut().find(|(a, _)| *a == address) {
-                        Some((_, n)) => *n += 1,
-                        None => votes.push((address, 1)),
+                    match votes.iter_mut().find(|(a, _, _)| *a == address) {
+                        Some((_, n, trusted)) => {
+                            *n += 1;
+                            *trusted += usize::from(authenticated);
+                        }
+                        None => votes.push((address, 1, usize::from(authenticated))),
                     }
                 }
                 Err(e) => {
@@ -467,10 +478,9 @@ impl Sentinels {
             }
         }
         let needed = self.sentinels.len() / 2 + 1;
-        votes
+        let (address, _, trusted) = votes
             .into_iter()
-            .find(|(_, n)| *n >= needed)
-            .map(|(a, _)| (a, epoch))
+            .find(|(_, n, _)| *n >= needed)
             .ok_or_else(|| {
                 RegistryError(format!(
                     "fewer than {needed} of the {} sentinels agree on master \"{}\"{}",
@@ -482,7 +492,44 @@ impl Sentinels {
                         format!(": {}", errors.join("; "))
                     }
                 ))
-            })
+            })?;
+        // The master's password goes only where a client can tell the master from an
+        // impostor: over TLS (rediss+sentinel: the certificate must be valid for the named
+        // host under the CA), or to the address a majority of authenticated sentinels name
+        // (reconfiguring one takes its password). Otherwise whoever reaches a majority of
+        // the sentinels (SENTINEL SET / MONITOR, no password needed) picks who gets it.
+        if self.server.password.is_some() && !self.server.secure && trusted < needed {
+            return Err(RegistryError(format!(
+                "not sending the Redis password to {address}: {trusted} of the sentinels that name it as master accepted the password, {needed} needed (a sentinel that takes no password can be reconfigured by anyone who reaches it), and the connection is not TLS; set requirepass on the sentinels to the master's password, or use rediss+sentinel://"
+            )));
+        }
+        Ok((address, epoch))
+    }
+}
+
+/// Sends the URI's credentials to a sentinel (as redis-cli -a does): true when it accepted
+/// them, false when it takes no password (Redis's answer then: AUTH "called without any
+/// password configured", or "no password is set" before Redis 6); a wrong password is an
+/// error. Only a sentinel's acceptance counts: a client cannot tell a sentinel that takes
+/// no password from one that would take any.
+fn authenticate_sentinel(con: &mut Bounded, server: &ServerParams) -> Result<bool> {
+    let Some(password) = &server.password else {
+        return Ok(false);
+    };
+    let mut auth = redis::cmd("AUTH");
+    if !server.user.is_empty() {
+        auth.arg(&server.user);
+    }
+    auth.arg(password);
+    match auth.query::<()>(con) {
+        Ok(()) => Ok(true),
+        Err(e)
+            if e.to_string().contains("without any password configured")
+                || e.to_string().contains("no password is set") =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
