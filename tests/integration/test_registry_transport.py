@@ -10,6 +10,10 @@ gets one.
   file is the whole trust set, all its certificates (only the first was read).
 - Sentinels that name an impostor as the master, on plain TCP, not authenticated (they take
   no password): the Redis password must not be sent to the address they name (it was).
+- A CA file is the whole trust set: with SSL_CERT_FILE (OpenSSL's system store) naming the
+  CA of an impostor's certificate and snowflake.registry_ca_file another CA, the coordinator
+  (verify-full), rediss:// and etcds:// refuse the impostor (a control shows that without a
+  CA file the same impostors are trusted, so SSL_CERT_FILE reaches the clients).
 - A password in snowflake.registry gives a WARNING at start (pg_monitor reads it).
 
 The impostors are Python socket servers in this process that record what they receive; the
@@ -157,9 +161,20 @@ def resp_command(f):
 
 
 class FakeRedis(Impostor):
-    """The "master" the sentinels name: records every command (AUTH carries the password)."""
+    """The "master" the sentinels name, or a Redis server behind TLS with `tls_context`:
+    records every command (AUTH carries the password)."""
+
+    def __init__(self, tls_context=None):
+        self.tls_context = tls_context
+        super().__init__()
 
     def serve(self, conn):
+        if self.tls_context is not None:
+            with self.tls_context.wrap_socket(conn, server_side=True) as tls:
+                return self.commands(tls)
+        return self.commands(conn)
+
+    def commands(self, conn):
         f = conn.makefile("rb")
         got = b""
         while (args := resp_command(f)) is not None:
@@ -232,8 +247,9 @@ class TransportTrustTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.node.destroy()
 
-    def start_node_on(self, uri, **settings):
+    def start_node_on(self, uri, env=None, **settings):
         self.node.stop()
+        self.node.env = env or {}
         self.node.configure(**{"snowflake.registry": f"'{uri}'", **settings})
         self.log_from = len(self.node.log())
         self.node.start()
@@ -278,7 +294,6 @@ class TransportTrustTest(unittest.TestCase):
         self.start_node_on(f"postgresql://fleet:{PASSWORD}@127.0.0.1:{fake.port}/db"
                            "?sslmode=require",
                            **{"snowflake.registry_ca_file": f"'{self.ca.ca}'"})
-        self.node.configure(**{"snowflake.registry_ca_file": None})
         self.assert_never_got_password(fake, "a self-signed impostor (registry_ca_file)")
 
     # -- Sentinel ----------------------------------------------------------------------
@@ -307,8 +322,64 @@ class TransportTrustTest(unittest.TestCase):
                     out.write(f.read())
         os.chmod(bundle, 0o644)
         self.start_node_on(etcd.uri(), **{"snowflake.registry_ca_file": f"'{bundle}'"})
-        self.node.configure(**{"snowflake.registry_ca_file": None})
         wait_claimed(self.node, timeout=30)
+
+    # -- a CA file is the whole trust set ----------------------------------------------
+    # The server's OpenSSL takes SSL_CERT_FILE as the system's CA store: here the CA that
+    # signed the impostors' certificates (valid for 127.0.0.1), while the fleet's CA file
+    # holds another CA. A client that trusts the system's store besides the file accepts them.
+    def system_trusts_impostors(self):
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.ca.server_cert, self.ca.server_key)
+        return context, {"SSL_CERT_FILE": self.ca.ca}, {
+            "snowflake.registry_ca_file": f"'{self.ca.wrong_ca}'"}
+
+    def tearDown(self):
+        self.node.configure(**{"snowflake.registry_ca_file": None})
+        self.node.env = {}
+
+    def test_coordinator_ca_file_excludes_the_system_store(self):
+        context, env, settings = self.system_trusts_impostors()
+        fake = self.impostor(FakeCoordinator(context))
+        self.start_node_on(f"postgresql://fleet:{PASSWORD}@127.0.0.1:{fake.port}/db"
+                           "?sslmode=verify-full", env=env, **settings)
+        self.assert_never_got_password(fake, "a coordinator the system's CAs vouch for")
+
+    def test_rediss_ca_file_excludes_the_system_store(self):
+        context, env, settings = self.system_trusts_impostors()
+        fake = self.impostor(FakeRedis(context))
+        self.start_node_on(f"rediss://:{PASSWORD}@127.0.0.1:{fake.port}/0", env=env, **settings)
+        self.assert_never_got_password(fake, "a Redis server the system's CAs vouch for")
+
+    def test_control_the_system_store_is_the_impostors(self):
+        # Without a CA file the system's store is trusted (documented): the impostors then
+        # get the password, which shows that SSL_CERT_FILE reaches the server's clients and
+        # so that the three tests around this one test what they say.
+        context, env, _ = self.system_trusts_impostors()
+        pg = self.impostor(FakeCoordinator(context))
+        redis = self.impostor(FakeRedis(context))
+        self.start_node_on(f"postgresql://fleet:{PASSWORD}@127.0.0.1:{pg.port}/db"
+                           "?sslmode=verify-full", env=env)
+        wait_until(lambda: "password" in pg.seen(), timeout=30,
+                   what="the password over verify-full, the system's store trusted")
+        self.start_node_on(f"rediss://:{PASSWORD}@127.0.0.1:{redis.port}/0", env=env)
+        wait_until(lambda: "password" in redis.seen(), timeout=30,
+                   what="the password over rediss://, the system's store trusted")
+
+    def test_etcds_ca_file_excludes_the_system_store(self):
+        # A guard more than a reproduction: the unfixed build also claimed nothing here,
+        # because its request for etcd's clock (its own TLS, the file's store only) failed
+        # before the gRPC channel, which trusted the system's store too, was used.
+        _, env, settings = self.system_trusts_impostors()
+        etcd = EtcdCluster(n=1, tls=self.ca)
+        self.addCleanup(etcd.close)
+        etcd.start()
+        self.start_node_on(etcd.uri(), env=env, **settings)
+        state = lambda: self.node.one("SELECT claim_status FROM snowflake_stats()")
+        # The worker logs each new cause of a failed request (the first: the certificate).
+        wait_until(lambda: state() == "held" or "a request to registry" in self.new_log(),
+                   timeout=30, what="a claim, or a failed request")
+        self.assertNotEqual(state(), "held", "etcd trusted the system's CAs")
 
     # -- the setting -------------------------------------------------------------------
     def test_password_in_the_setting_warns_at_start(self):

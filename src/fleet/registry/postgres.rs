@@ -483,7 +483,7 @@ impl PgRegistry {
             .map_err(|e| {
                 if self.tls_by_default && !unix && e.0.contains("does not support TLS") {
                     RegistryError(format!(
-                        "{name}:{port}: the server refused TLS, and the password is sent only over TLS when the URI names no sslmode (set sslmode=require or stronger on the server's side, or sslmode=prefer in the URI to send it in clear text)"
+                        "{name}:{port}: the server refused TLS, and without sslmode in the URI the password is sent only over TLS (turn ssl on at the coordinator, or write sslmode=prefer in the URI to send the password in clear text)"
                     ))
                 } else {
                     e
