@@ -25,9 +25,11 @@ BEGIN
 END
 $collisions$;
 
--- snowflake_convert_column(): widening another role's referencing table (include_others_tables)
--- needs the privileges of that role too: the widening runs its code in the caller's session,
--- where the caller's temporary objects could capture its unqualified names (issue 35).
+-- snowflake_convert_column(): another role's referencing table is refused whatever
+-- include_others_tables says (issue 35). The opt-in widened it as its owner, in a
+-- security-restricted operation but in the caller's session, where the owner's code could
+-- plant a type in the caller's temporary schema and the caller's temporary objects could
+-- capture the owner's unqualified names. Its helper goes with it.
 CREATE OR REPLACE FUNCTION @extschema@.snowflake_convert_column(tbl regclass, col name, include_others_tables boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql STRICT
@@ -45,7 +47,6 @@ DECLARE
     foreign_owner record;
     next_fn      pg_catalog.regproc;
     from_ts_fn   pg_catalog.regproc;
-    widen_fn     pg_catalog.regproc;
     max_value  bigint;
     first_new  bigint;
     rel_kind   "char";
@@ -63,9 +64,8 @@ BEGIN
     END IF;
 
     SELECT pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_next' AND p.pronargs OPERATOR(pg_catalog.=) 0),
-           pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_from_timestamp'),
-           pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_widen_foreign_key_column')
-      INTO next_fn, from_ts_fn, widen_fn
+           pg_catalog.max(p.oid) FILTER (WHERE p.proname OPERATOR(pg_catalog.=) 'snowflake_from_timestamp')
+      INTO next_fn, from_ts_fn
       FROM pg_catalog.pg_extension e
       JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
            AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'
@@ -73,10 +73,10 @@ BEGIN
       JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.objid
       JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) p.proowner AND o.rolsuper
      WHERE e.extname OPERATOR(pg_catalog.=) 'snowflake';
-    IF next_fn IS NULL OR from_ts_fn IS NULL OR widen_fn IS NULL THEN
+    IF next_fn IS NULL OR from_ts_fn IS NULL THEN
         RAISE EXCEPTION 'the snowflake extension''s functions are missing or altered'
             USING ERRCODE = 'object_not_in_prerequisite_state',
-                  DETAIL = 'snowflake_convert_column() calls snowflake_next(), snowflake_from_timestamp() and snowflake_widen_foreign_key_column() as members of the extension owned by a superuser.',
+                  DETAIL = 'snowflake_convert_column() calls snowflake_next() and snowflake_from_timestamp() as members of the extension owned by a superuser.',
                   HINT = 'Run ALTER EXTENSION snowflake UPDATE, or recreate the extension.';
     END IF;
 
@@ -181,24 +181,15 @@ BEGIN
                       DETAIL = pg_catalog.format('Column %I of relation %s references %s.%I and must become bigint; altering it alters its partitions and inheritors too, which would run their owners'' code with the rights of the role that alters it.', fk_columns[i], fk_rels[i], tbl, col),
                       HINT = pg_catalog.format('Give every table of the tree under %s one owner (ALTER TABLE ... OWNER TO), after checking its code, then call snowflake_convert_column() again.', fk_rels[i]);
         END IF;
-        IF fk_owners[i] OPERATOR(pg_catalog.<>) me AND NOT include_others_tables THEN
+        IF fk_owners[i] OPERATOR(pg_catalog.<>) me THEN
             RAISE EXCEPTION 'column "%" of relation % references %.%, but relation % is owned by role %',
                             fk_columns[i], fk_rels[i], tbl, col, fk_rels[i], fk_owners[i]::pg_catalog.regrole
                 USING ERRCODE = 'insufficient_privilege',
-                      DETAIL = pg_catalog.format('The column must become bigint with %s.%I. Altering a table rewrites it, which runs its owner''s code with the rights of the role that alters it.', tbl, col),
-                      HINT = pg_catalog.format('Let role %s run ALTER TABLE %s ALTER COLUMN %I TYPE bigint first, or, as a role with the privileges of role %s, call snowflake_convert_column(%L, %L, include_others_tables => true) to widen it as its owner.',
-                                               fk_owners[i]::pg_catalog.regrole, fk_rels[i], fk_columns[i], fk_owners[i]::pg_catalog.regrole, tbl::pg_catalog.text, col);
-        END IF;
-        -- Widening runs the owner's code in this session, where an unqualified name in it
-        -- can find this session's temporary objects: only for a caller that has the
-        -- owner's privileges, who gains nothing by that (see convert.rs).
-        IF fk_owners[i] OPERATOR(pg_catalog.<>) me
-           AND NOT pg_catalog.pg_has_role(fk_owners[i], 'USAGE'::pg_catalog.text) THEN
-            RAISE EXCEPTION 'permission denied to widen column "%" of relation %', fk_columns[i], fk_rels[i]
-                USING ERRCODE = 'insufficient_privilege',
-                      DETAIL = pg_catalog.format('Column %I of relation %s references %s.%I and must become bigint. Relation %s is owned by role %s; widening it runs that role''s code (CHECK constraints, index expressions) in this session, which only a role with the privileges of %s may do.',
-                                                 fk_columns[i], fk_rels[i], tbl, col, fk_rels[i], fk_owners[i]::pg_catalog.regrole, fk_owners[i]::pg_catalog.regrole),
-                      HINT = pg_catalog.format('Let role %s run ALTER TABLE %s ALTER COLUMN %I TYPE bigint, then call snowflake_convert_column() again.',
+                      DETAIL = pg_catalog.format('The column must become bigint with %s.%I. Altering a table rewrites it, which runs its owner''s code; only a session of that owner runs it safely.%s', tbl, col,
+                                                 CASE WHEN include_others_tables
+                                                      THEN ' include_others_tables no longer widens other roles'' tables (since 0.7.0): that owner''s code could act on this session.'
+                                                      ELSE '' END),
+                      HINT = pg_catalog.format('Let role %s, connected as itself, run ALTER TABLE %s ALTER COLUMN %I TYPE bigint first, then call snowflake_convert_column() again.',
                                                fk_owners[i]::pg_catalog.regrole, fk_rels[i], fk_columns[i]);
         END IF;
     END LOOP;
@@ -232,12 +223,8 @@ BEGIN
         EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, col);
     END IF;
     FOR i IN 1 .. COALESCE(pg_catalog.array_length(fk_rels, 1), 0) LOOP
-        IF fk_owners[i] OPERATOR(pg_catalog.=) me THEN
-            EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', fk_rels[i], fk_columns[i]);
-        ELSE
-            EXECUTE pg_catalog.format('SELECT %s($1, $2, $3)', widen_fn)
-                USING fk_rels[i]::pg_catalog.oid, fk_columns[i]::pg_catalog.text, tbl::pg_catalog.oid;
-        END IF;
+        -- Every referencing table is the caller's own (checked above).
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', fk_rels[i], fk_columns[i]);
         RAISE NOTICE 'widened %.% to bigint', fk_rels[i], fk_columns[i];
     END LOOP;
 
@@ -245,4 +232,5 @@ BEGIN
 END
 $convert$;
 COMMENT ON FUNCTION @extschema@.snowflake_convert_column(regclass, name, boolean) IS
-    'Moves a serial, identity or sequence-default column to DEFAULT snowflake_next(), widening it and referencing columns to bigint (other roles'' tables only with include_others_tables, as their owners)';
+    'Moves a serial, identity or sequence-default column to DEFAULT snowflake_next(), widening it and referencing columns of the caller''s own tables to bigint';
+DROP FUNCTION @extschema@.snowflake_widen_foreign_key_column(pg_catalog.oid, pg_catalog.text, pg_catalog.oid);

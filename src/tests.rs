@@ -182,8 +182,7 @@ mod tests {
                  snowflake_from_timestamp:istrue snowflake_melt:istrue snowflake_next:vstrue \
                  snowflake_next_batch:vstrue snowflake_next_block:vstrue snowflake_safe_upto:vrtrue \
                  snowflake_serial:istrue snowflake_serial_id:istrue snowflake_stats:vstrue \
-                 snowflake_to_base32:istrue snowflake_to_timestamp:istrue \
-                 snowflake_widen_foreign_key_column:vutrue"
+                 snowflake_to_base32:istrue snowflake_to_timestamp:istrue"
             )
         );
     }

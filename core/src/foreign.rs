@@ -63,16 +63,22 @@ pub struct ForeignParts {
 impl ForeignLayout {
     /// Looks a layout up by name: exactly one of [`LAYOUT_NAMES`], in any letter case.
     /// Surrounding spaces or control characters are not a layout name.
+    ///
+    /// Compares in place: the name is a caller's text (up to 1 GB), and a lower-cased copy of
+    /// it is an allocation that, failing, would abort the process.
     pub fn from_name(name: &str) -> Option<ForeignLayout> {
-        match name.to_ascii_lowercase().as_str() {
-            "twitter" => Some(ForeignLayout::Twitter),
-            "discord" => Some(ForeignLayout::Discord),
-            "instagram" => Some(ForeignLayout::Instagram),
-            "sonyflake" => Some(ForeignLayout::Sonyflake),
-            "pgedge" => Some(ForeignLayout::Pgedge),
-            "mastodon" => Some(ForeignLayout::Mastodon),
-            _ => None,
-        }
+        const NAMED: [(&str, ForeignLayout); 6] = [
+            ("twitter", ForeignLayout::Twitter),
+            ("discord", ForeignLayout::Discord),
+            ("instagram", ForeignLayout::Instagram),
+            ("sonyflake", ForeignLayout::Sonyflake),
+            ("pgedge", ForeignLayout::Pgedge),
+            ("mastodon", ForeignLayout::Mastodon),
+        ];
+        NAMED
+            .iter()
+            .find(|(known, _)| known.eq_ignore_ascii_case(name))
+            .map(|&(_, layout)| layout)
     }
 
     /// Decodes `id`. Negative IDs are errors in every layout (bit 63 is always 0).

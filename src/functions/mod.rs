@@ -1,7 +1,7 @@
-//! What SQL calls: the functions themselves (`api`, thin), the column converter, decoding
-//! and the stats row.
+//! What SQL calls: the functions themselves (`api`, thin), decoding and the stats row. The
+//! column converter is PL/pgSQL (`sql/finalize.sql`).
 
 mod api;
-mod convert;
 pub(crate) mod decode;
+mod retired;
 pub(crate) mod stats;

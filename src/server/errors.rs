@@ -516,41 +516,13 @@ pub fn adopted_origins(
     )
 }
 
-/// `snowflake_widen_foreign_key_column()` was asked for a column that is not a smallint or
-/// integer column of a foreign key between the two tables.
-pub fn not_a_referencing_column(column: &str) -> SnowflakeError {
+/// A function of an earlier version that this library no longer provides was called.
+pub fn retired_function(name: &str, removed_in: &str) -> SnowflakeError {
     SnowflakeError::new(
-        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        format!("column \"{column}\" is not a smallint or integer column of a foreign key to the referenced table, in a table whose partitions and inheritors share its owner"),
-        "snowflake_widen_foreign_key_column() widens only a referencing column that snowflake_convert_column() must widen.",
-        "Call snowflake_convert_column() on the referenced table instead.",
-    )
-}
-
-/// `snowflake_widen_foreign_key_column()` called by a role that does not own the referenced
-/// table.
-pub fn not_owner_of_referenced(referencing: &str) -> SnowflakeError {
-    SnowflakeError::new(
-        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-        format!("permission denied to widen a column of relation {referencing}"),
-        "Only the owner of the referenced table may widen the columns that reference it, as part of converting it.",
-        "Call snowflake_convert_column() as the owner of the referenced table.",
-    )
-}
-
-/// `snowflake_widen_foreign_key_column()` called by a role without the privileges of the
-/// referencing table's owner: the ALTER would run that owner's code inside the caller's
-/// session, where the caller's temporary objects can capture its unqualified names.
-pub fn not_member_of_referencing_owner(
-    referencing: &str,
-    column: &str,
-    owner: &str,
-) -> SnowflakeError {
-    SnowflakeError::new(
-        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
-        format!("permission denied to widen column \"{column}\" of relation {referencing}"),
-        format!("Relation {referencing} is owned by role {owner}. Widening it runs that role's code (CHECK constraints, index expressions) in this session, which only a role with the privileges of {owner} may do."),
-        format!("Let role {owner} run ALTER TABLE {referencing} ALTER COLUMN \"{}\" TYPE bigint, then call snowflake_convert_column() again.", column.replace('"', "\"\"")),
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        format!("{name}() was removed in snowflake {removed_in}"),
+        "This database still has the extension's objects of an earlier version; the installed library no longer provides this function.",
+        "Run ALTER EXTENSION snowflake UPDATE in this database.",
     )
 }
 

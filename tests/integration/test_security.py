@@ -457,9 +457,10 @@ class ConvertColumnEscalation(SecurityCase):
     """mallory (no superuser) may reference a superuser's customers(id). Her orders table has
     a CHECK calling her function, which tries ALTER ROLE mallory SUPERUSER. When the
     superuser converts customers.id, widening orders.cust_id rewrites orders and runs her
-    CHECK. Before: with the superuser's rights (mallory becomes superuser). After: refused
-    (42501, naming orders) unless the caller opts in with include_others_tables => true,
-    and then her CHECK runs as mallory."""
+    CHECK. Before 0.4.0: with the superuser's rights (mallory becomes superuser). Then:
+    refused (42501, naming orders) unless the caller opted in with include_others_tables =>
+    true, which widened it as mallory in a security-restricted operation, but in the
+    caller's session (two more escalations, below). Since 0.7.0: refused either way."""
 
     @classmethod
     def setUpClass(cls):
@@ -511,24 +512,64 @@ class ConvertColumnEscalation(SecurityCase):
                                      WHERE adrelid = 'customers'::regclass""").fetchone()[0]
             self.assertIn("nextval", default)
 
-    def test_opt_in_runs_others_code_as_its_owner(self):
+    def test_opt_in_no_longer_widens_others_tables(self):
+        # Until 0.7.0 the opt-in widened orders.cust_id as mallory, in a security-restricted
+        # operation but in the superuser's session (see the temporary-domain test below).
         with self.pg.connect(self.db) as su:
             state, e = self.outcome(
                 su, "SELECT snowflake_convert_column('customers', 'id', include_others_tables => true)")
             self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
-            self.assertIsNone(state, f"the opted-in conversion failed: {e}")
-            calls = su.execute("SELECT who, was_superuser FROM calls").fetchall()
-            self.assertTrue(calls, "the CHECK did not run during the conversion")
-            self.assertEqual(set(calls), {("mallory", False)}, "mallory's function ran as another role")
-            self.assertEqual(self.column_type(su, "customers", "id"), "bigint")
-            self.assertEqual(self.column_type(su, "orders", "cust_id"), "bigint")
+            self.assertEqual(state, "42501", f"the opted-in conversion was not refused: {e}")
+            self.assertIn("orders", e.diag.message_primary)
+            self.assertIn("include_others_tables no longer widens", e.diag.message_detail)
+            self.assertEqual(su.execute("SELECT count(*) FROM calls").fetchone()[0], 0,
+                             "mallory's function ran during a refused conversion")
+            self.assertEqual(self.column_type(su, "customers", "id"), "integer")
+            self.assertEqual(self.column_type(su, "orders", "cust_id"), "integer")
+        # The way out the HINT gives: mallory widens her own column, then the conversion runs.
+        with connect(self.pg, "mallory", self.db) as m:
+            m.execute("ALTER TABLE public.orders ALTER COLUMN cust_id TYPE bigint")
+        with self.pg.connect(self.db) as su:
+            su.execute("TRUNCATE calls")
+            state, e = self.outcome(su, "SELECT snowflake_convert_column('customers', 'id')")
+            self.assertIsNone(state, e)
+            self.assertEqual(su.execute("SELECT count(*) FROM calls").fetchone()[0], 0)
             new_id = su.execute("INSERT INTO customers DEFAULT VALUES RETURNING id").fetchone()[0]
             self.assertGreater(new_id, 2**31)
         with connect(self.pg, "mallory", self.db) as m:
             m.execute("INSERT INTO orders VALUES (%s)", (new_id,))
-            e = self.failing(m, "SELECT snowflake_convert_column('customers', 'id', include_others_tables => true)")
-            self.assertEqual(e.sqlstate, "42501")
         self.assertFalse(self.mallory_is_superuser())
+
+    def test_a_referencing_owners_code_cannot_plant_types_in_the_callers_session(self):
+        # Found by the adversarial review of the fix: widening as the owner in a
+        # security-restricted operation still ran in the caller's session, where the owner's
+        # CHECK could create a domain pg_temp.text (types in the temporary schema are found
+        # before pg_catalog's); the superuser's next ::text then ran mallory's function as the
+        # superuser. Now another owner's table is never altered from the caller's session.
+        with connect(self.pg, "mallory", self.db) as m:
+            m.execute("DROP TABLE public.orders")  # only the planting table references customers
+            m.execute("""CREATE FUNCTION public.plant_domain(k bigint) RETURNS boolean LANGUAGE plpgsql AS $f$
+                         BEGIN
+                             IF session_user <> 'mallory' THEN
+                                 EXECUTE 'CREATE DOMAIN pg_temp.text AS pg_catalog.text CHECK (public.its_function(1))';
+                             END IF;
+                             RETURN true;
+                         END $f$""")
+            m.execute("CREATE FUNCTION public.plant_domain(k integer) RETURNS boolean LANGUAGE sql "
+                      "AS 'SELECT public.plant_domain(k::bigint)'")
+            m.execute("CREATE TABLE public.refs (k int REFERENCES public.customers(id), CHECK (public.plant_domain(k)))")
+            m.execute("INSERT INTO public.refs VALUES (1)")
+        with self.pg.connect(self.db) as su:
+            for opt_in in ("false", "true"):
+                with self.subTest(include_others_tables=opt_in):
+                    su.execute("TRUNCATE calls")
+                    state, e = self.outcome(su, f"SELECT snowflake_convert_column('customers', 'id', {opt_in})")
+                    su.execute("SELECT 'anything'::text")
+                    self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
+                    self.assertEqual(su.execute("SELECT count(*) FROM calls").fetchone()[0], 0,
+                                     "mallory's code ran in the superuser's session")
+                    self.assertEqual(state, "42501", f"the conversion was not refused: {e}")
+                    self.assertEqual(self.column_type(su, "refs", "k"), "integer")
 
     def test_mallory_cannot_convert_customers(self):
         with connect(self.pg, "mallory", self.db) as m:
@@ -568,34 +609,6 @@ class ConvertColumnEscalation(SecurityCase):
                     self.assertEqual(su.execute("SELECT count(*) FROM calls").fetchone()[0], 0,
                                      "mallory's function ran during a refused conversion")
                     self.assertEqual(self.column_type(su, "acct", "id"), "integer")
-
-    def test_the_widening_helper_refuses_mixed_owner_trees(self):
-        # The helper is callable by anyone who owns the referenced table. Asked directly to
-        # widen a superuser's referencing table with a partition of mallory's, it would run
-        # as the superuser, which bypasses PostgreSQL's ownership check on the partition,
-        # and mallory's CHECK would run as the superuser.
-        self.pg.sql("CREATE ROLE bob_w LOGIN")
-        self.addCleanup(lambda: self.pg.sql(f"DROP OWNED BY bob_w CASCADE; DROP ROLE bob_w", dbname=self.db))
-        with self.pg.connect(self.db) as su:
-            su.execute("CREATE TABLE bob_acct (id serial PRIMARY KEY)")
-            su.execute("ALTER TABLE bob_acct OWNER TO bob_w")
-            su.execute("INSERT INTO bob_acct DEFAULT VALUES")
-            su.execute("CREATE TABLE su_orders (acct_id int REFERENCES bob_acct(id), k int) PARTITION BY RANGE (k)")
-            su.execute("CREATE TABLE su_orders_1 PARTITION OF su_orders FOR VALUES FROM (0) TO (100)")
-            su.execute("ALTER TABLE su_orders_1 OWNER TO mallory")
-            su.execute("INSERT INTO su_orders VALUES (1, 1)")
-        with connect(self.pg, "mallory", self.db) as m:
-            m.execute("ALTER TABLE su_orders_1 ADD CHECK (public.its_function(acct_id))")
-        with self.pg.connect(self.db) as su:
-            su.execute("TRUNCATE calls")
-        with connect(self.pg, "bob_w", self.db) as bob:
-            e = self.failing(bob, """SELECT snowflake_widen_foreign_key_column(
-                                         'su_orders'::regclass, 'acct_id', 'bob_acct'::regclass)""")
-            self.assertEqual(e.sqlstate, "22023")
-        self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
-        with self.pg.connect(self.db) as su:
-            self.assertEqual(su.execute("SELECT count(*) FROM calls").fetchone()[0], 0)
-            self.assertEqual(self.column_type(su, "su_orders", "acct_id"), "integer")
 
     def test_a_renamed_extension_schema_cannot_lend_its_name(self):
         # Found by an adversarial review: the database owner owns the extension's schema (a
@@ -662,13 +675,14 @@ class ConvertColumnEscalation(SecurityCase):
         with connect(self.pg, "mallory", self.db) as m:
             m.execute("CREATE TEMPORARY VIEW rates AS SELECT public.mallory_payload() AS r")
             m.execute("SET search_path = pg_catalog, pg_temp")
-            for call in ("public.snowflake_convert_column('public.accounts', 'id', include_others_tables => true)",
-                         "public.snowflake_widen_foreign_key_column('public.ledger'::regclass, 'acct', 'public.accounts'::regclass)"):
-                with self.subTest(call=call.split("(")[0]):
-                    state, e = self.outcome(m, f"SELECT {call}")
-                    self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
-                    self.assertEqual(state, "42501", f"the widening was not refused: {e}")
-                    self.assertIn("ledger", e.diag.message_primary)
+            state, e = self.outcome(
+                m, "SELECT public.snowflake_convert_column('public.accounts', 'id', include_others_tables => true)")
+            self.assertFalse(self.mallory_is_superuser(), "mallory became a superuser")
+            self.assertEqual(state, "42501", f"the widening was not refused: {e}")
+            self.assertIn("ledger", e.diag.message_primary)
+            # The helper that widened as the owner is gone.
+            self.assertEqual(m.execute("""SELECT count(*) FROM pg_proc
+                                           WHERE proname = 'snowflake_widen_foreign_key_column'""").fetchone()[0], 0)
         with self.pg.connect(self.db) as su:
             self.assertEqual(self.column_type(su, "ledger", "acct"), "integer",
                              "another owner's table was rewritten by a role without its rights")
@@ -840,12 +854,13 @@ class NonUtf8Databases(SecurityCase):
             c.execute('INSERT INTO "Bestellung_ö" VALUES (1)')
             c.execute('GRANT REFERENCES ON "Kunden_ä" TO zoe_owner')
             c.execute('ALTER TABLE "Bestellung_ö" OWNER TO zoe_owner')
-            # Refused without the opt-in, naming the table in the client's encoding.
-            e = self.failing(c, """SELECT snowflake_convert_column('"Kunden_ä"', 'id')""")
-            self.assertEqual(e.sqlstate, "42501")
-            self.assertIn("Bestellung_ö", e.diag.message_primary)
-            state, rows = self.outcome(c, """SELECT snowflake_convert_column('"Kunden_ä"', 'id',
-                                                                              include_others_tables => true)""")
+            # Refused, naming the other owner's table in the client's encoding.
+            for opt_in in ("false", "true"):
+                e = self.failing(c, f"""SELECT snowflake_convert_column('"Kunden_ä"', 'id', {opt_in})""")
+                self.assertEqual(e.sqlstate, "42501")
+                self.assertIn("Bestellung_ö", e.diag.message_primary)
+            c.execute('ALTER TABLE "Bestellung_ö" OWNER TO CURRENT_USER')
+            state, rows = self.outcome(c, """SELECT snowflake_convert_column('"Kunden_ä"', 'id')""")
             self.assertIsNone(state, rows)
             types = c.execute("""SELECT format_type(atttypid, NULL) FROM pg_attribute
                                   WHERE attrelid IN ('"Kunden_ä"'::regclass, '"Bestellung_ö"'::regclass)
@@ -944,32 +959,63 @@ class OversizedSerial(SecurityCase):
             self.assertEqual(e.sqlstate, "54000", str(e))
             self.assertEqual(c.execute("SELECT 1").fetchone()[0], 1)
 
-    def test_under_a_memory_limit_it_is_53200_not_a_crash(self):
+    def test_under_a_memory_limit_no_text_argument_crashes_the_server(self):
         # Found by the second review: under a memory limit, an ordinary role's
         # snowflake_serial(repeat('x', 500000000), 1) made a Rust allocation fail, which
         # aborts the process (signal 6): the postmaster then restarts the whole server.
-        # PostgreSQL's own functions give 53200 for the same sizes. The backend's address
-        # space is limited (prlimit) to what it uses plus room for repeat()'s 500 MB twice
-        # (folded at planning, then copied) and 300 MB more: not for another copy.
+        # PostgreSQL's own functions give 53200 for the same sizes. Then the review of the
+        # fix found two more (snowflake_decode's layout name lower-cased whole, the widening
+        # helper's copy): so every function of the extension with a text argument is swept,
+        # from the catalog, with 500 MB in each text position. The backend's address space
+        # is limited (prlimit) to what it uses plus room for repeat()'s 500 MB twice (folded
+        # at planning, then copied) and 300 MB more: not for another whole copy.
         n = 500_000_000
+        fillers = {"bigint": "1::bigint", "integer": "1", "boolean": "false", "oid": "0::oid",
+                   "name": "'x'::name", "regclass": "'pg_class'::regclass"}
+        with self.pg.connect() as c:
+            functions = c.execute("""
+                SELECT p.proname, p.proargtypes::regtype[]::text[]
+                  FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+                  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'snowflake'
+                 WHERE 'text'::regtype = ANY (p.proargtypes::regtype[])
+                 ORDER BY 1, 2""").fetchall()
+        calls = []
+        for name, types in functions:
+            if not all(t == "text" or t in fillers for t in types):
+                self.fail(f"{name}({', '.join(types)}): no filler for an argument type: extend the sweep")
+            for k, t in enumerate(types):
+                if t == "text":
+                    args = [("repeat('x', %s)" if i == k else fillers.get(u, "'x'"))
+                            for i, u in enumerate(types)]
+                    calls.append(f"SELECT {name}({', '.join(args)}) IS NULL")
+        self.assertGreaterEqual(len(calls), 4, calls)
+        for query in calls:
+            with self.subTest(query=query), self.pg.connect() as c:
+                pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+                with open(f"/proc/{pid}/status") as f:
+                    vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+                limit = vm_kib * 1024 + 2 * n + 300 * 1024 * 1024
+                # As the postgres OS user: prlimit on a process of the same user needs no
+                # capability.
+                subprocess.run(["runuser", "-u", "postgres", "--", "prlimit", f"--pid={pid}",
+                                f"--as={limit}:{limit}"], check=True)
+                c.execute("SET statement_timeout = '120s'")
+                # Any outcome but a crash: a result, 53200, or an input error for the
+                # value (outcome() checks that an error is clean and the session alive).
+                self.outcome(c, query, (n,))
+                self.assertEqual(c.execute("SELECT 1").fetchone()[0], 1)
+        crashes = [line for line in self.pg.log().splitlines() if "terminated by signal" in line]
+        self.assertEqual(crashes, [], "a backend crashed")
+        # The serial needs a third copy: it is out of memory, not a crash.
         with self.pg.connect() as c:
             pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
             with open(f"/proc/{pid}/status") as f:
                 vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
             limit = vm_kib * 1024 + 2 * n + 300 * 1024 * 1024
-            # As the postgres OS user: prlimit on a process of the same user needs no capability.
-            subprocess.run(["runuser", "-u", "postgres", "--", "prlimit", f"--pid={pid}", f"--as={limit}:{limit}"],
-                           check=True)
-            c.execute("SET statement_timeout = '120s'")
-            # The serial needs a third copy: out of memory. The serial id may fit (it needs
-            # one copy less) and is then an input error (its time is before the epoch).
-            for query, states in (("SELECT length(snowflake_serial(repeat('x', %s), 1))", {"53200"}),
-                                  ("SELECT snowflake_serial_id(repeat('1', %s))", {"53200", "22008"})):
-                with self.subTest(query=query):
-                    state, e = self.outcome(c, query, (n,))
-                    self.assertIn(state, states, str(e))
-                    self.assertEqual(c.execute("SELECT 1").fetchone()[0], 1)
-        self.assertNotIn("terminated by signal", self.pg.log(), "a backend crashed")
+            subprocess.run(["runuser", "-u", "postgres", "--", "prlimit", f"--pid={pid}",
+                            f"--as={limit}:{limit}"], check=True)
+            state, e = self.outcome(c, "SELECT length(snowflake_serial(repeat('x', %s), 1))", (n,))
+            self.assertEqual(state, "53200", str(e))
 
     def test_ten_megabytes_still_work(self):
         with self.pg.connect() as c:

@@ -96,8 +96,9 @@ DROP SEQUENCE shared_seq;
 
 -- Rights (0.4.0): converting rewrites tables, which runs their owners' code with the
 -- converter's rights, so only the current role's own tables are altered. A referencing
--- column of another role's table is refused, naming it, unless include_others_tables:
--- then it is widened as its owner.
+-- column of another role's table is refused, naming it, with or without
+-- include_others_tables (0.7.0: that opt-in widened it as its owner, but in the caller's
+-- session, where the owner's code could act on the caller's).
 CREATE ROLE convert_other;
 CREATE SCHEMA theirs AUTHORIZATION convert_other;
 CREATE TABLE mine (id serial PRIMARY KEY);
@@ -111,14 +112,17 @@ SELECT snowflake_convert_column('mine', 'id');
 SELECT format_type(atttypid, NULL) AS mine_id_unchanged FROM pg_attribute
  WHERE attrelid = 'mine'::regclass AND attname = 'id';
 SELECT snowflake_convert_column('mine', 'id', include_others_tables => true);
+\echo SQLSTATE :SQLSTATE
+-- The way the HINT gives: the owner widens its column, then the conversion runs.
+SET ROLE convert_other;
+ALTER TABLE theirs.refs ALTER COLUMN k TYPE bigint;
+RESET ROLE;
+SELECT snowflake_convert_column('mine', 'id');
 SELECT attrelid::regclass, format_type(atttypid, NULL) FROM pg_attribute
  WHERE attrelid IN ('mine'::regclass, 'theirs.refs'::regclass) AND attname IN ('id', 'k')
  ORDER BY 1;
 -- Another role's table itself: refused, even to a superuser.
 SELECT snowflake_convert_column('theirs.own', 'id');
-\echo SQLSTATE :SQLSTATE
--- The helper widens only a referencing column of a table the caller owns.
-SELECT snowflake_widen_foreign_key_column('theirs.own'::regclass, 'id', 'mine'::regclass);
 \echo SQLSTATE :SQLSTATE
 -- A referencing table with a partition of another role: refused, with or without the opt-in.
 CREATE TABLE mine2 (id serial PRIMARY KEY);
