@@ -543,9 +543,9 @@ class ConvertColumnEscalation(SecurityCase):
     def test_a_referencing_owners_code_cannot_plant_types_in_the_callers_session(self):
         # Found by the adversarial review of the fix: widening as the owner in a
         # security-restricted operation still ran in the caller's session, where the owner's
-        # CHECK could create a domain pg_temp.text (types in the temporary schema are found
-        # before pg_catalog's); the superuser's next ::text then ran mallory's function as the
-        # superuser. Now another owner's table is never altered from the caller's session.
+        # CHECK could leave an object that the superuser's next statement used, running
+        # mallory's function as the superuser (on the majors that allow it to be created
+        # there). Now another owner's table is never altered from the caller's session.
         with connect(self.pg, "mallory", self.db) as m:
             m.execute("DROP TABLE public.orders")  # only the planting table references customers
             m.execute("""CREATE FUNCTION public.plant_domain(k bigint) RETURNS boolean LANGUAGE plpgsql AS $f$
