@@ -366,6 +366,28 @@ class TransportTrustTest(unittest.TestCase):
         wait_until(lambda: "password" in redis.seen(), timeout=30,
                    what="the password over rediss://, the system's store trusted")
 
+    def test_every_certificate_of_the_ca_file_is_trusted(self):
+        # Guards (these two clients already read the whole file): the server's CA is the
+        # file's second certificate; the legitimate server then gets the password.
+        bundle = os.path.join(self.dir, "two-cas.pem")
+        with open(bundle, "w") as out:
+            for path in (self.ca.wrong_ca, self.ca.ca):
+                with open(path) as f:
+                    out.write(f.read())
+        os.chmod(bundle, 0o644)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.ca.server_cert, self.ca.server_key)
+        settings = {"snowflake.registry_ca_file": f"'{bundle}'"}
+        pg = self.impostor(FakeCoordinator(context))
+        redis = self.impostor(FakeRedis(context))
+        self.start_node_on(f"postgresql://fleet:{PASSWORD}@127.0.0.1:{pg.port}/db"
+                           "?sslmode=verify-full", **settings)
+        wait_until(lambda: "password" in pg.seen(), timeout=30,
+                   what="the password over verify-full, the CA second in the file")
+        self.start_node_on(f"rediss://:{PASSWORD}@127.0.0.1:{redis.port}/0", **settings)
+        wait_until(lambda: "password" in redis.seen(), timeout=30,
+                   what="the password over rediss://, the CA second in the file")
+
     def test_etcds_ca_file_excludes_the_system_store(self):
         # A guard more than a reproduction: the unfixed build also claimed nothing here,
         # because its request for etcd's clock (its own TLS, the file's store only) failed
