@@ -33,10 +33,11 @@ TTL_MS = 2000
 # client's own deadlines (a fifth of claim_ttl for the connection, then for the request).
 SHUTDOWN_RELEASE_S = 1.0
 POLL_S = 0.05
-# pg_ctl's own pace (it polls every 100 ms) and the shutdown checkpoint of an idle cluster on
-# a loaded 2-core machine.
+# pg_ctl's own pace (it polls every 100 ms) and the shutdown checkpoint: at least this, or four
+# times the fast shutdown of the same node measured in this run with a registry that refuses
+# at once (the control), whichever is longer: the machine may be loaded (docs/testing.md).
 PG_CTL_SLACK_S = 3.0
-STOP_BOUND_S = POLL_S + SHUTDOWN_RELEASE_S + PG_CTL_SLACK_S
+CONTROL_FACTOR = 4
 # The old code waited for ever: give pg_ctl this long before calling it a hang.
 PG_CTL_TIMEOUT_S = 30
 
@@ -195,7 +196,13 @@ class HostileRegistryTest(unittest.TestCase):
         cls.node.init()
         cls.node.start()
         cls.node.sql("CREATE EXTENSION snowflake")
+        began = time.monotonic()
         cls.node.stop()
+        cls.control_stop_s = time.monotonic() - began
+        cls.stop_bound_s = POLL_S + SHUTDOWN_RELEASE_S + max(PG_CTL_SLACK_S,
+                                                             CONTROL_FACTOR * cls.control_stop_s)
+        print(f"\ncontrol: fast shutdown with a refusing registry took {cls.control_stop_s:.2f} s; "
+              f"bound {cls.stop_bound_s:.2f} s")
 
     @classmethod
     def tearDownClass(cls):
@@ -244,9 +251,9 @@ class HostileRegistryTest(unittest.TestCase):
         if fake.mode != "silent":
             wait_until(lambda: fake.sent > 0, what=f"{what}: the fake registry to answer")
         took, rc = self.stop_timed()
-        print(f"\n{what}: fast shutdown took {took:.2f} s (bound {STOP_BOUND_S:.2f} s)")
+        print(f"\n{what}: fast shutdown took {took:.2f} s (bound {self.stop_bound_s:.2f} s)")
         self.assertEqual(rc, 0, f"{what}: pg_ctl stop -m fast failed after {took:.1f} s")
-        self.assertLess(took, STOP_BOUND_S, f"{what}: fast shutdown took {took:.1f} s")
+        self.assertLess(took, self.stop_bound_s, f"{what}: fast shutdown took {took:.1f} s")
         self.assert_no_crash(what)
         # And it starts again cleanly.
         self.node.start()
@@ -288,9 +295,9 @@ class HostileRegistryTest(unittest.TestCase):
         took, rc = self.stop_timed()
         print(f"\n{what}: {f.sent >> 20} MiB sent over {f.accepted} connections, worker's "
               f"resident memory at most {peak[0] >> 10} MiB seen (limit {limit_kib >> 10} MiB); "
-              f"fast shutdown took {took:.2f} s (bound {STOP_BOUND_S:.2f} s)")
+              f"fast shutdown took {took:.2f} s (bound {self.stop_bound_s:.2f} s)")
         self.assertEqual(rc, 0)
-        self.assertLess(took, STOP_BOUND_S)
+        self.assertLess(took, self.stop_bound_s)
         self.assert_no_crash(what)
 
     def test_coordinator_flood(self):
@@ -346,9 +353,9 @@ class HostileRegistryTest(unittest.TestCase):
         os.kill(redis.pid, signal.SIGSTOP)
         took, rc = self.stop_timed()
         print(f"\nclaim held, registry frozen: fast shutdown took {took:.2f} s "
-              f"(bound {STOP_BOUND_S:.2f} s)")
+              f"(bound {self.stop_bound_s:.2f} s)")
         self.assertEqual(rc, 0)
-        self.assertLess(took, STOP_BOUND_S)
+        self.assertLess(took, self.stop_bound_s)
         self.assertIn("could not release worker id", self.new_log())
         self.assert_no_crash("claim held, registry frozen")
 
