@@ -166,6 +166,21 @@ pub fn private_file_allowed(
     }
 }
 
+/// `uri` for a role that may not read `snowflake.registry`: its scheme only, as
+/// `scheme://…` (no user, host, port or path: the setting is superuser-only, and other
+/// servers' addresses are not every role's to see). A scheme is kept to the characters a URI
+/// scheme may have, at most 32; without `://` the text is not shown at all.
+pub fn scheme_only(uri: &str) -> String {
+    let scheme: String = uri
+        .split_once("://")
+        .map_or("registry", |(scheme, _)| scheme)
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        .take(32)
+        .collect();
+    format!("{scheme}://…")
+}
+
 /// Whether `uri` itself holds a password: in its user information, or as the value of a
 /// query parameter naming one (`passfile` names a file: it does not count). Members of
 /// `pg_read_all_settings` read `snowflake.registry`, so a password belongs in
@@ -181,7 +196,22 @@ pub fn holds_password(uri: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::holds_password;
+    use super::{holds_password, scheme_only};
+
+    #[test]
+    fn scheme_only_shows_nothing_past_the_scheme() {
+        assert_eq!(scheme_only("redis://:pw@10.0.0.1:6379/0"), "redis://…");
+        assert_eq!(
+            scheme_only("rediss+sentinel://a:1,b:2/m"),
+            "rediss+sentinel://…"
+        );
+        assert_eq!(
+            scheme_only("postgresql://u:p@h/db?sslmode=verify-full"),
+            "postgresql://…"
+        );
+        assert_eq!(scheme_only("no scheme here: pw"), "registry://…");
+        assert_eq!(scheme_only("re dis@x://h"), "redisx://…");
+    }
 
     #[test]
     fn password_in_the_uri() {

@@ -528,11 +528,5 @@ pub fn registry_for_caller() -> Option<String> {
     if caller_may_read_registry() {
         return Some(snowflake_core::secrets::redacted(&uri));
     }
-    let scheme = uri.split_once("://").map(|(s, _)| s).unwrap_or("registry");
-    let scheme: String = scheme
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-        .take(32)
-        .collect();
-    Some(format!("{scheme}://…"))
+    Some(snowflake_core::secrets::scheme_only(&uri))
 }

@@ -38,6 +38,11 @@ def free_ports(n):
             s.close()
 
 
+def free_port():
+    """A loopback TCP port that nothing listens on (bound once, then closed)."""
+    return free_ports(1)[0]
+
+
 def port_open(port, host="127.0.0.1"):
     try:
         with socket.create_connection((host, port), timeout=0.2):

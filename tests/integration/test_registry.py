@@ -8,7 +8,6 @@ frozen by SIGSTOP past its claim. Every scenario checks that no ID repeats acros
 import glob
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -17,15 +16,11 @@ import unittest
 import psycopg
 
 from harness import BASE, Cluster, error_of, wait_until
+from registries import free_port
 
 TTL = "2s"  # heartbeat 400 ms, fence 1 s, settling 2 s
 TTL_S = 2.0
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Redis:

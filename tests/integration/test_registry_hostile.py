@@ -25,6 +25,7 @@ import unittest
 import psycopg
 
 from harness import Cluster, wait_until
+from registries import free_port
 
 TTL = "2s"
 TTL_MS = 2000
@@ -43,11 +44,6 @@ PG_CTL_TIMEOUT_S = 30
 
 SECRET = "S3cr\u20acT-pw"  # '%' before '€' panicked the percent-decoder
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeRegistry(threading.Thread):

@@ -28,16 +28,11 @@ import threading
 import unittest
 
 from harness import BASE, Cluster, wait_until
-from registries import EtcdCluster, _fresh, make_test_ca
+from registries import EtcdCluster, free_port, make_test_ca, _fresh
 from test_registry import wait_claimed
 
 PASSWORD = "Tr4nsp0rt-S3cret"
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def recv_exact(conn, n):

@@ -20,7 +20,6 @@ each reproduced against a real cluster, with the behaviour the extension must sh
 
 import os
 import random
-import socket
 import subprocess
 import threading
 import time
@@ -29,6 +28,7 @@ import unittest
 import psycopg
 
 from harness import Cluster, error_of, wait_until
+from registries import free_port
 
 PRELOAD = "'snowflake'"
 # Discord's documented example ID; on our layout it decodes too.
@@ -39,12 +39,6 @@ OTHER_EPOCH_MS = 1420070400000    # 2015-01-01 00:00:00 UTC
 RUST_TEXT = ("panicked", "Utf8Error", "should be valid UTF-8", "assertion failed", ".rs:", "unwrap")
 ADOPTED_LOG = "IDs were issued by the cluster with system identifier"
 
-
-def free_port():
-    """A loopback TCP port that nothing listens on (bound once, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connect(pg, user="postgres", dbname="postgres", **kwargs):
@@ -943,6 +937,18 @@ class NonUtf8Databases(SecurityCase):
 # 6. Past the 1 GB text limit
 
 
+def limit_address_space(conn, room):
+    """Limits the address space of `conn`'s backend to what it uses now plus `room` bytes
+    (prlimit, as the postgres OS user: on a process of the same user it needs no
+    capability), so that an allocation past that fails as under a memory limit."""
+    pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    with open(f"/proc/{pid}/status") as f:
+        vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    limit = vm_kib * 1024 + room
+    subprocess.run(["runuser", "-u", "postgres", "--", "prlimit", f"--pid={pid}",
+                    f"--as={limit}:{limit}"], check=True)
+
+
 class OversizedSerial(SecurityCase):
     """snowflake_serial() with a prefix that makes the result exceed PostgreSQL's 1 GB limit
     for a text value: 54000 (program_limit_exceeded), not a Rust assertion (XX000)."""
@@ -991,14 +997,7 @@ class OversizedSerial(SecurityCase):
         self.assertGreaterEqual(len(calls), 4, calls)
         for query in calls:
             with self.subTest(query=query), self.pg.connect() as c:
-                pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
-                with open(f"/proc/{pid}/status") as f:
-                    vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
-                limit = vm_kib * 1024 + 2 * n + 300 * 1024 * 1024
-                # As the postgres OS user: prlimit on a process of the same user needs no
-                # capability.
-                subprocess.run(["runuser", "-u", "postgres", "--", "prlimit", f"--pid={pid}",
-                                f"--as={limit}:{limit}"], check=True)
+                limit_address_space(c, 2 * n + 300 * 1024 * 1024)
                 c.execute("SET statement_timeout = '120s'")
                 # Any outcome but a crash: a result, 53200, or an input error for the
                 # value (outcome() checks that an error is clean and the session alive).
@@ -1008,12 +1007,7 @@ class OversizedSerial(SecurityCase):
         self.assertEqual(crashes, [], "a backend crashed")
         # The serial needs a third copy: it is out of memory, not a crash.
         with self.pg.connect() as c:
-            pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
-            with open(f"/proc/{pid}/status") as f:
-                vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
-            limit = vm_kib * 1024 + 2 * n + 300 * 1024 * 1024
-            subprocess.run(["runuser", "-u", "postgres", "--", "prlimit", f"--pid={pid}",
-                            f"--as={limit}:{limit}"], check=True)
+            limit_address_space(c, 2 * n + 300 * 1024 * 1024)
             state, e = self.outcome(c, "SELECT length(snowflake_serial(repeat('x', %s), 1))", (n,))
             self.assertEqual(state, "53200", str(e))
 
