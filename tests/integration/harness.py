@@ -6,18 +6,147 @@ listener, so two runs on one machine never share a port or a path: BASE is per p
 (SNOWFLAKE_IT_BASE overrides it).
 """
 
+import collections
 import glob
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
+import unittest
 
 import psycopg
 
 PG_MAJOR = os.environ.get("PG_MAJOR", "15")
 PG_BIN = os.environ.get("PG_BIN", f"/usr/lib/postgresql/{PG_MAJOR}/bin")
 BASE = os.environ.get("SNOWFLAKE_IT_BASE", f"/var/tmp/snowflake-it-{os.getpid()}")
+
+# Timing in the tests (docs/testing.md#timing-in-the-tests). A wait's timeout that only
+# guards against a hang: generous on purpose, never an assertion about speed.
+HANG_GUARD = 120
+# A liveness bound is what the settings under test allow, plus LIVENESS_MARGIN_S, plus
+# LAG_STEPS times the worst scheduling delay measured in this run over the timed interval
+# (see scheduling_delay): a chain of that many wake-ups (worker tick, request, reply,
+# backend, client) may each be that late on a loaded machine.
+LIVENESS_MARGIN_S = 1.0
+LAG_STEPS = 10
+# The scheduling delay counted for a bound is measured from this long before the timed
+# interval to its end: a short interval (a 50 ms statement) has too few samples of its own.
+LAG_HISTORY_S = 10.0
+
+
+class _LagSampler(threading.Thread):
+    """Measures the scheduling delay of this run: sleeps PERIOD_S again and again and keeps
+    how late each wake-up was. The test processes and the servers share the machine's cores,
+    so a late wake-up here is a measure of how late theirs are (four suites at once on 2 cores
+    make it 10 to 100 times larger than on an idle machine)."""
+
+    PERIOD_S = 0.02
+
+    def __init__(self):
+        super().__init__(daemon=True, name="lag-sampler")
+        self.samples = collections.deque(maxlen=500_000)  # (woke at, late by), monotonic s
+        self.lock = threading.Lock()
+
+    def run(self):
+        while True:
+            began = time.monotonic()
+            time.sleep(self.PERIOD_S)
+            woke = time.monotonic()
+            with self.lock:
+                self.samples.append((woke, max(0.0, woke - began - self.PERIOD_S)))
+
+    def worst(self, since=None, until=None):
+        with self.lock:
+            samples = list(self.samples)
+        worst = 0.0
+        for woke, late in reversed(samples):
+            if until is not None and woke > until + self.PERIOD_S:
+                continue
+            if since is not None and woke < since:
+                break
+            worst = max(worst, late)
+        return worst
+
+
+_LAG = _LagSampler()
+_LAG.start()
+
+
+def scheduling_delay(since=None, until=None):
+    """The worst scheduling delay (s) measured in this run between the monotonic times
+    `since` and `until` (default: from the start of the run, until now). A wake-up still
+    pending counts as late by how long it has been pending."""
+    worst = _LAG.worst(since, until)
+    if until is None:
+        with _LAG.lock:
+            last = _LAG.samples[-1][0] if _LAG.samples else time.monotonic()
+        worst = max(worst, time.monotonic() - last - _LagSampler.PERIOD_S)
+    return worst
+
+
+def liveness_bound(settings_s, since=None, until=None):
+    """A liveness bound (s): `settings_s`, what the settings under test allow, plus the
+    margin, plus LAG_STEPS times the scheduling delay measured from LAG_HISTORY_S before
+    `since` to `until` (default: now)."""
+    start = None if since is None else since - LAG_HISTORY_S
+    return settings_s + LIVENESS_MARGIN_S + LAG_STEPS * scheduling_delay(start, until)
+
+
+def assert_live(test, took, settings_s, since, what):
+    """A liveness assertion on a measured duration: `took` seconds from the monotonic time
+    `since` must be under liveness_bound(settings_s) over that interval. Prints the figures."""
+    bound = liveness_bound(settings_s, since, since + took)
+    lag = scheduling_delay(since - LAG_HISTORY_S, since + took)
+    print(f"\n{what}: {took:.3f} s (bound {bound:.2f} s: {settings_s:.2f} s from the settings, "
+          f"scheduling delay {lag:.3f} s)", flush=True)
+    test.assertLess(took, bound, f"{what} took {took:.2f} s; bound {bound:.2f} s = "
+                    f"{settings_s:.2f} s from the settings + {LIVENESS_MARGIN_S} s + "
+                    f"{LAG_STEPS} x {lag:.3f} s measured scheduling delay")
+
+
+def wait_live(condition, settings_s, since=None, what="the condition"):
+    """A liveness assertion: polls `condition` until it is true and fails the test if that
+    takes longer after `since` (monotonic s; default now) than liveness_bound(settings_s)
+    over the time waited. The bound is recomputed as it waits, so a machine that becomes
+    loaded meanwhile widens it. Returns the seconds from `since` to the condition."""
+    since = time.monotonic() if since is None else since
+    while not condition():
+        now = time.monotonic()
+        bound = liveness_bound(settings_s, since)
+        if now - since > bound:
+            raise AssertionError(
+                f"{what}: not after {now - since:.2f} s (bound {bound:.2f} s = {settings_s:.2f} s "
+                f"from the settings + {LIVENESS_MARGIN_S} s + {LAG_STEPS} x "
+                f"{scheduling_delay(since - LAG_HISTORY_S):.3f} s measured scheduling delay)")
+        time.sleep(0.05)
+    return time.monotonic() - since
+
+
+def _current_test_id():
+    """The id of the unittest test whose code is on this thread's stack, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, unittest.TestCase):
+            return candidate.id()
+        frame = frame.f_back
+    return None
+
+
+def report_figure(name: str, text: str) -> None:
+    """A reported figure: what a test measured where a pass/fail bound would only say how
+    loaded the machine was (docs/testing.md#timing-in-the-tests). Prints it and appends
+    `<test id>\t<name>\t<text>` to BASE/figures.tsv, which the test command prints at the
+    end of the run. Called from a thread outside the test, the line has the name alone in
+    place of the test id."""
+    clean = lambda v: " ".join(str(v).split())  # one line, no tabs
+    test_id = _current_test_id()
+    print(f"\nfigure: {test_id or ''} {name}: {text}", flush=True)
+    os.makedirs(BASE, exist_ok=True)
+    with open(os.path.join(BASE, "figures.tsv"), "a") as f:
+        f.write(f"{clean(test_id or name)}\t{clean(name)}\t{clean(text)}\n")
 
 
 def _faketime_lib():
@@ -166,8 +295,8 @@ class Cluster:
 
     def start(self, check=True):
         log = os.path.join(self.dir, "server.log")
-        r = as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-l", log, "-w", "-t", "60", "start",
-                        env=self.env or None, check=False, capture=True)
+        r = as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-l", log, "-w", "-t",
+                        str(HANG_GUARD), "start", env=self.env or None, check=False, capture=True)
         if check and r.returncode != 0:
             raise RuntimeError(f"{self.name} did not start:\n{r.stdout}{r.stderr}\n{self.log()[-3000:]}")
         return r.returncode == 0
@@ -207,48 +336,47 @@ class Cluster:
         return r.returncode == 0
 
     def promote(self):
-        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-w", "-t", "60", "promote", capture=True)
+        as_postgres(f"{self.bin}/pg_ctl", "-D", self.data, "-w", "-t", str(HANG_GUARD), "promote",
+                    capture=True)
 
-    def walreceiver_pid(self, timeout=30):
+    def walreceiver_pid(self, timeout=HANG_GUARD):
         """Pid of a standby's WAL receiver, once it streams."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pid = self.one("SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'")
-            if pid:
-                return pid
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name}: no streaming WAL receiver")
+        pid = [None]
 
-    def wait_replayed(self, primary, timeout=30):
+        def streaming():
+            pid[0] = self.one("SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+            return pid[0]
+        wait_until(streaming, timeout=timeout, what=f"{self.name}: a streaming WAL receiver")
+        return pid[0]
+
+    def wait_replayed(self, primary, timeout=HANG_GUARD):
         """Waits until this standby has replayed everything `primary` has flushed."""
         lsn = primary.one("SELECT pg_current_wal_flush_lsn()::text")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{self.name} did not replay up to {lsn}")
+        wait_until(lambda: self.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)),
+                   timeout=timeout, what=f"{self.name} to replay up to {lsn}")
 
-    def wait_sync_standby(self, timeout=30):
+    def wait_sync_standby(self, timeout=HANG_GUARD):
         """Waits until a primary reports a synchronous standby."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.one("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"{self.name}: no synchronous standby")
+        wait_until(lambda: self.one("SELECT count(*) FROM pg_stat_replication "
+                                    "WHERE sync_state = 'sync'"),
+                   timeout=timeout, what=f"{self.name}: a synchronous standby")
 
     # -- access -------------------------------------------------------------------------
-    def connect(self, dbname="postgres", autocommit=True, retries=50):
-        last = None
-        for _ in range(retries):
+    def connect(self, dbname="postgres", autocommit=True, retries=None):
+        """A session; retries while the server starts up or recovers from a crash, for at
+        most HANG_GUARD s (a guard against a server that never comes back), or `retries`
+        attempts 0.2 s apart when given (a caller that expects the server to be down)."""
+        deadline = time.monotonic() + HANG_GUARD
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return psycopg.connect(host=self.dir, port=self.port, user="postgres",
                                        dbname=dbname, autocommit=autocommit)
-            except psycopg.OperationalError as e:  # starting up / crash recovery
-                last = e
+            except psycopg.OperationalError:  # starting up / crash recovery
+                if (attempt >= retries) if retries is not None else time.monotonic() > deadline:
+                    raise
                 time.sleep(0.2)
-        raise last
 
     def sql(self, query, params=None, dbname="postgres"):
         """Runs one statement on a fresh connection; returns all rows (or None)."""
@@ -266,7 +394,7 @@ class Cluster:
             cur = conn.execute("SELECT * FROM snowflake_stats")
             return dict(zip([c.name for c in cur.description], cur.fetchone()))
 
-    def wait_lease_passed(self, timeout=30):
+    def wait_lease_passed(self, timeout=HANG_GUARD):
         """Waits until the clock is past the durable lease, so that the next ID writes a new
         lease record. Sleeping one lease_window is not enough: a lease is widened by up to
         another window (at least 100 ms) after slow renewals, as on a loaded machine."""
@@ -281,10 +409,12 @@ class Cluster:
             return ""
 
 
-def wait_until(condition, timeout=30, what="the condition"):
+def wait_until(condition, timeout=HANG_GUARD, what="the condition"):
     """Polls `condition` until it is true; fails the test after `timeout` seconds. For
     states a test waits for (a log line, a backend waiting); a fixed sleep would flake on a
-    loaded machine. Sleeps that let real time pass (past a lease) stay sleeps."""
+    loaded machine. Sleeps that let real time pass (past a lease) stay sleeps. The timeout
+    only guards against a hang (HANG_GUARD by default): a bound on speed is a liveness
+    assertion, see wait_live."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
