@@ -18,7 +18,7 @@ import subprocess
 import time
 import uuid
 
-from harness import BASE, Cluster, wait_until
+from harness import BASE, HANG_GUARD, Cluster, wait_until
 
 
 # --------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ class EtcdCluster:
         self.procs[i] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
 
-    def start(self, timeout=30):
+    def start(self, timeout=HANG_GUARD):
         """A new cluster (a new --initial-cluster-token) on empty data directories."""
         os.makedirs(BASE, exist_ok=True)
         _fresh(self.dir)
@@ -216,7 +216,7 @@ class EtcdCluster:
         self.wait_healthy(timeout=timeout)
         return self
 
-    def wait_healthy(self, members=None, timeout=30):
+    def wait_healthy(self, members=None, timeout=HANG_GUARD):
         """Waits until every listed member (default: all running ones) answers and the
         cluster has a leader."""
         members = [i for i in range(self.n) if self.running(i)] if members is None else members
@@ -242,14 +242,14 @@ class EtcdCluster:
     def cont(self, i):
         os.kill(self.procs[i].pid, signal.SIGCONT)
 
-    def restart(self, i, timeout=30):
+    def restart(self, i, timeout=HANG_GUARD):
         """Starts member i again on its data directory (after kill), or kills and restarts it."""
         if self.running(i):
             self.kill(i)
         self._spawn(i, "existing")
         self.wait_healthy(timeout=timeout)
 
-    def wipe_and_restart_all(self, timeout=30):
+    def wipe_and_restart_all(self, timeout=HANG_GUARD):
         """Every member SIGKILLed, every data directory deleted, a new empty cluster on the
         same ports: a registry that restarted empty."""
         for i in range(self.n):
@@ -263,7 +263,7 @@ class EtcdCluster:
         self.etcdctl("snapshot", "save", path, endpoints=self.endpoints([0]))
         return path
 
-    def restore_all(self, snapshot, timeout=30):
+    def restore_all(self, snapshot, timeout=HANG_GUARD):
         """The whole cluster restored from `snapshot` (`etcdctl snapshot restore` into fresh
         data directories, same names and ports, a new cluster token), as an operator restores
         a backup: every member SIGKILLed, the restored directories swapped in, started."""
@@ -346,7 +346,7 @@ class EtcdCluster:
         """Member i's id (as etcd reports it in its status header)."""
         return self.status()[i]["header"]["member_id"]
 
-    def move_leader(self, i, timeout=15):
+    def move_leader(self, i, timeout=HANG_GUARD):
         """Makes member i the leader (etcdctl move-leader, sent to the current leader)."""
         leader = self.leader()
         if leader == i:
@@ -433,7 +433,7 @@ class SentinelSet:
         if replica_of:
             cmd += ["--replicaof", "127.0.0.1", str(replica_of)]
         s.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli(s.port, "PING", check=False) == "PONG", timeout=10,
+        wait_until(lambda: self.cli(s.port, "PING", check=False) == "PONG",
                    what=f"redis-server {s.port}")
 
     def _spawn_sentinel(self, s, master_port):
@@ -461,9 +461,9 @@ class SentinelSet:
         s.proc = subprocess.Popen(["redis-sentinel", conf], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         wait_until(lambda: self.cli(s.port, "PING", check=False, sentinel=True) == "PONG",
-                   timeout=10, what=f"redis-sentinel {s.port}")
+                   what=f"redis-sentinel {s.port}")
 
-    def start(self, timeout=30):
+    def start(self, timeout=HANG_GUARD):
         os.makedirs(BASE, exist_ok=True)
         _fresh(self.dir)
         master, replica = self.servers
@@ -475,7 +475,7 @@ class SentinelSet:
         self.wait_sentinels_ready(timeout=timeout)
         return self
 
-    def wait_replica_synced(self, replica_port, master_port, timeout=20):
+    def wait_replica_synced(self, replica_port, master_port, timeout=HANG_GUARD):
         def synced():
             info = self.info(replica_port, "replication")
             return (info.get("master_port") == str(master_port)
@@ -483,7 +483,7 @@ class SentinelSet:
                     and info.get("master_sync_in_progress") == "0")
         wait_until(synced, timeout=timeout, what=f"redis {replica_port} in sync with {master_port}")
 
-    def wait_sentinels_ready(self, timeout=30):
+    def wait_sentinels_ready(self, timeout=HANG_GUARD):
         """Every Sentinel knows the master, the other two Sentinels and the replicas: a
         failover can start as soon as the master dies."""
         def ready():
@@ -559,7 +559,7 @@ class SentinelSet:
         self.killed = s
         return port
 
-    def wait_failover(self, old_port, timeout=30):
+    def wait_failover(self, old_port, timeout=HANG_GUARD):
         """Waits until every Sentinel names a master other than old_port and that server
         says it is a master; returns the new master's port."""
         def done():
@@ -571,7 +571,7 @@ class SentinelSet:
         wait_until(done, timeout=timeout, what=f"a Sentinel failover away from {old_port}")
         return self.master_port()
 
-    def restart_killed(self, timeout=30):
+    def restart_killed(self, timeout=HANG_GUARD):
         """Brings back the server kill_master killed, empty, as a replica of the current
         master (Sentinel would demote it anyway)."""
         s, self.killed = self.killed, None
@@ -654,7 +654,7 @@ class CoordinatorPair:
         old.stop("immediate")
         self.standby.promote()
         self.primary_index = 1 - self.primary_index
-        wait_until(lambda: self.primary.one("SELECT NOT pg_is_in_recovery()"), timeout=30,
+        wait_until(lambda: self.primary.one("SELECT NOT pg_is_in_recovery()"),
                    what="the promoted coordinator to accept writes")
         return time.monotonic() - started
 
@@ -690,7 +690,7 @@ class PasswordRedis:
              "--appendonly", "no", "--daemonize", "no", "--dir", d, "--dbfilename", "dump.rdb"]
             + (["--requirepass", self.password] if self.password else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING", check=False) == "PONG", timeout=10, what="redis-server")
+        wait_until(lambda: self.cli("PING", check=False) == "PONG", what="redis-server")
         return self
 
     def save_copy(self):
@@ -710,7 +710,7 @@ class PasswordRedis:
              "--dbfilename", "dump.rdb"]
             + (["--requirepass", self.password] if self.password else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING", check=False) == "PONG", timeout=10, what="redis-server")
+        wait_until(lambda: self.cli("PING", check=False) == "PONG", what="redis-server")
 
     def cli(self, *args, check=True):
         auth = ["--no-auth-warning", "-a", self.password] if self.password else []

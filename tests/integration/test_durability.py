@@ -14,7 +14,7 @@ import unittest
 
 import psycopg
 
-from harness import PG_BIN, Cluster, as_postgres, error_of, wait_until
+from harness import HANG_GUARD, PG_BIN, Cluster, as_postgres, error_of, wait_until
 
 PRELOAD = "'snowflake'"
 TABLE = """CREATE TABLE IF NOT EXISTS t (
@@ -32,6 +32,7 @@ class Load:
         self.stop_flag = threading.Event()
         self.errors = []
         self.rows = [0] * clients
+        self.statements = [0] * clients  # finished, inserted or failed
         self.threads = [threading.Thread(target=self.run, args=(first_client + k, k))
                         for k in range(clients)]
 
@@ -47,6 +48,7 @@ class Load:
                 except psycopg.Error as e:
                     self.errors.append((e.sqlstate, e.diag.message_primary))
                     time.sleep(0.05)
+                self.statements[slot] += 1
                 n += self.batch
 
     def __enter__(self):
@@ -57,6 +59,15 @@ class Load:
     def running(self, rows=1000):
         """Waits until every client has inserted `rows` rows: the load is under way."""
         wait_until(lambda: min(self.rows) >= rows, what=f"{rows} rows from every client")
+
+    def tried_again(self, what):
+        """Waits until every client has finished another statement (inserted or failed)
+        after this call: the fault just made was met by the load, however loaded the
+        machine (a fixed sleep gave no such certainty)."""
+        # A statement under way may have started before: wait for two more from each.
+        seen = list(self.statements)
+        wait_until(lambda: all(now >= before + 2 for now, before in zip(self.statements, seen)),
+                   what=what)
 
     def __exit__(self, *exc):
         self.stop_flag.set()
@@ -96,7 +107,8 @@ class LiveClockSteps(unittest.TestCase):
         self.pg.sql("TRUNCATE t")
         self.pg.set_clock_offset("+0")
         self.reload(snowflake__clock_behind_action="error", snowflake__max_clock_drift="1000")
-        # Start with an ID clock that is not ahead of the wall clock.
+        # Start with an ID clock that is not ahead of the wall clock (scenario: real time past
+        # max_clock_drift, 1 s, the most an earlier test's IDs can be ahead).
         time.sleep(1.2)
 
     def reload(self, **settings):
@@ -127,7 +139,8 @@ class LiveClockSteps(unittest.TestCase):
         with Load(self.pg) as load:
             load.running()
             self.pg.set_clock_offset("-1.5")
-            time.sleep(1.0)
+            load.tried_again("the load after the step")
+            time.sleep(1.0)  # scenario: the load runs on behind the step
         self.assertEqual(load.errors, [])
         assert_unique_and_increasing(self, self.pg)
         s = self.pg.stats()
@@ -138,7 +151,8 @@ class LiveClockSteps(unittest.TestCase):
         with Load(self.pg) as load:
             load.running()
             self.pg.set_clock_offset("-5")
-            time.sleep(1.0)
+            wait_until(lambda: load.errors, what="a refusal after the step")
+            time.sleep(1.0)  # scenario: the load goes on meeting the step
         self.assertGreater(len(load.errors), 0)
         for sqlstate, message in load.errors:
             self.assertEqual(sqlstate, "58000")
@@ -146,12 +160,16 @@ class LiveClockSteps(unittest.TestCase):
         assert_unique_and_increasing(self, self.pg)
 
     def test_step_beyond_the_bound_waits_when_configured(self):
-        self.reload(snowflake__clock_behind_action="wait", snowflake__max_clock_wait="5s")
+        # max_clock_wait is far above the 2.5 s step: what is tested is that the load waits
+        # instead of failing, not how late a loaded machine wakes it (the cap itself is
+        # tested by the pg_regress and #[pg_test] suites).
+        self.reload(snowflake__clock_behind_action="wait", snowflake__max_clock_wait="30s")
         before = self.pg.stats()["waits"]
         with Load(self.pg) as load:
             load.running()
             self.pg.set_clock_offset("-2.5")
-            time.sleep(3.0)
+            wait_until(lambda: self.pg.stats()["waits"] > before, what="a wait after the step")
+            time.sleep(3.0)  # scenario: the load goes on behind the step
         self.assertEqual(load.errors, [])
         assert_unique_and_increasing(self, self.pg)
         self.assertGreater(self.pg.stats()["waits"], before)
@@ -249,7 +267,7 @@ class RestartAfterFaults(unittest.TestCase):
                             self.assertEqual(error_of(conn, "SELECT snowflake_next()").sqlstate, "58000")
                         self.pg.set_clock_offset("+0")
                     with self.pg.connect() as conn:
-                        conn.execute("SET statement_timeout = '60s'")
+                        conn.execute(f"SET statement_timeout = '{HANG_GUARD}s'")  # a hang guard
                         first = conn.execute("SELECT snowflake_next()").fetchone()[0]
                     self.assertGreater(first, highest)
         finally:
@@ -315,13 +333,7 @@ class StandbyPromotion(unittest.TestCase):
             writes = primary.stats()["lease_writes"]
             self.assertGreaterEqual(writes, 1)
 
-            lsn = primary.one("SELECT pg_current_wal_flush_lsn()::text")
-            for _ in range(100):
-                if standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)):
-                    break
-                time.sleep(0.1)
-            else:
-                self.fail("standby did not catch up")
+            standby.wait_replayed(primary)
 
             with standby.connect() as conn:
                 e = error_of(conn, "SELECT snowflake_next()")
@@ -362,7 +374,7 @@ class SynchronousReplication(unittest.TestCase):
             standby.start()
             primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
             primary.sql("SELECT pg_reload_conf()")
-            time.sleep(1.2)
+            primary.wait_sync_standby()
             # With the standby streaming, leases are confirmed and IDs come at once.
             first = primary.one("SELECT snowflake_next()")
             self.assertGreater(first, 0)

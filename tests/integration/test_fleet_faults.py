@@ -30,7 +30,7 @@ import unittest
 
 import psycopg
 
-from harness import BASE, wait_until
+from harness import BASE, HANG_GUARD, wait_live, wait_until
 from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
     wait_claimed, wait_status
 
@@ -55,7 +55,7 @@ def status(c):
     return c.one("SELECT claim_status FROM snowflake_stats()")
 
 
-def after_renewal(c, timeout=15):
+def after_renewal(c, timeout=HANG_GUARD):
     """Returns just after the registry worker's next successful renewal (the claim's expiry
     moves): the node then holds a fresh fence of claim_ttl / 2."""
     with c.connect() as conn:
@@ -107,7 +107,7 @@ def kill_a_backend(c):
     return restarts
 
 
-def wait_crash_restarted(c, restarts_before, timeout=30):
+def wait_crash_restarted(c, restarts_before, timeout=HANG_GUARD):
     wait_until(lambda: c.log().count("all server processes terminated; reinitializing") > restarts_before,
                timeout=timeout, what=f"{c.name}: crash restart")
     c.one("SELECT 1")  # retries while the server recovers
@@ -212,7 +212,7 @@ class _Link:
                     except OSError:
                         self.client_open = False
 
-    def deliver(self, timeout=5):
+    def deliver(self, timeout=HANG_GUARD):
         self.deliver_now.set()
         self.delivered.wait(timeout)
 
@@ -298,7 +298,7 @@ class RedisServer(Redis):
              "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
              "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING", check=False) == "PONG", timeout=10, what="redis-server")
+        wait_until(lambda: self.cli("PING", check=False) == "PONG", what="redis-server")
 
     def run_id(self):
         return redis_info(self, "server", "run_id")
@@ -307,7 +307,7 @@ class RedisServer(Redis):
         self.cli("REPLICAOF", "127.0.0.1", str(master.port))
         wait_until(lambda: redis_info(self, "replication", "master_link_status") == "up"
                    and redis_info(self, "replication", "master_sync_in_progress") == "0",
-                   timeout=20, what=f"redis {self.port} in sync with {master.port}")
+                   what=f"redis {self.port} in sync with {master.port}")
 
     def promote(self):
         self.cli("REPLICAOF", "NO", "ONE")
@@ -426,7 +426,7 @@ class CoordinatorCrashRestart(FleetFaultBase):
         self.addCleanup(lambda: subprocess.run(["kill", "-CONT", str(walwriter)],
                                                capture_output=True))
         self.assertNotEqual(status(a), "held", "setup: A claimed before the WAL writer stopped")
-        wa = wait_claimed(a, timeout=20)
+        wa = wait_claimed(a)
         self.assertEqual(wa, 0)
         wr_a = self.writer(a)
         wr_a.running(200)
@@ -441,7 +441,7 @@ class CoordinatorCrashRestart(FleetFaultBase):
         conn = coord.cluster.connect()
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: signal_pending(walwriter, signal.SIGQUIT), timeout=10,
+        wait_until(lambda: signal_pending(walwriter, signal.SIGQUIT),
                    what="the postmaster's SIGQUIT to the WAL writer")
         os.kill(walwriter, signal.SIGCONT)
         try:
@@ -456,7 +456,7 @@ class CoordinatorCrashRestart(FleetFaultBase):
         except psycopg.Error as e:
             row = str(e)
 
-        wb = wait_claimed(b, timeout=25)
+        wb = wait_claimed(b)
         wr_b = self.writer(b)
         # Until A's fence has surely passed (it cannot renew), then A may talk again.
         time.sleep(max(0.5, held_since + ttl / 2 + 0.5 - time.monotonic()))
@@ -488,7 +488,7 @@ class MarkScenarios:
         b = self.new("b", reg, ttl, clock_ms=900, snowflake__max_clock_drift="'3s'")
         a = self.new("a", reg, ttl, clock_ms=-900)
         self.up(b)
-        wb = wait_claimed(b, timeout=20)
+        wb = wait_claimed(b)
         self.hold_all_but(reg, wb)
         self.up(a)
         wait_status(a, "exhausted")
@@ -496,13 +496,13 @@ class MarkScenarios:
         after_renewal(b)
         blocks = reserve_blocks(b, 2200)
         b.stop()  # releases wb, leaving a mark above its blocks
-        self.assertEqual(wait_claimed(a, timeout=15), wb)
+        self.assertEqual(wait_claimed(a), wb)
         restarts = kill_a_backend(a)  # before A's first ID
         wait_crash_restarted(a, restarts)
-        self.assertEqual(wait_claimed(a, timeout=20), wb)
+        self.assertEqual(wait_claimed(a), wb)
         wr_a = self.writer(a)
         time.sleep(3.5)
-        wait_until(lambda: len(wr_a.got) >= 200, timeout=20, what="IDs from A")
+        wait_until(lambda: len(wr_a.got) >= 200, what="IDs from A")
         self.stop_writers(wr_a)
         dup = in_blocks(blocks, wr_a.got)
         self.assertEqual(dup, 0, f"{dup} of A's {len(wr_a.got)} IDs repeat IDs of B's "
@@ -519,7 +519,7 @@ class MarkScenarios:
         a = self.new("a", reg, ttl, clock_ms=0, snowflake__max_clock_drift="'3s'")
         b = self.new("b", reg, ttl, clock_ms=-900)
         self.up(a)
-        wa = wait_claimed(a, timeout=20)
+        wa = wait_claimed(a)
         self.hold_all_but(reg, wa)
         self.up(b)
         wait_status(b, "exhausted")
@@ -528,7 +528,7 @@ class MarkScenarios:
         after_renewal(a)
         blocks = reserve_blocks(a, 2300)
         a.shift_clock_ms(-10_000)
-        self.assertEqual(wait_claimed(b, timeout=20), wa)
+        self.assertEqual(wait_claimed(b), wa)
         # B's clock passes the end of A's blocks (at most 2.5 s past A's renewal, real time)
         # within about 3.5 s.
         time.sleep(3.5)
@@ -548,7 +548,7 @@ class MarkScenarios:
         reg = self.started(self.make_registry())
         a = self.new("a", reg, ttl, clock_ms=0)
         self.up(a)
-        wa = wait_claimed(a, timeout=20)
+        wa = wait_claimed(a)
         before = ids(a, 100)
         a.shift_clock_ms(86_400_000)
         wait_status(a, "refused")
@@ -556,12 +556,13 @@ class MarkScenarios:
         time.sleep(ttl + 0.5)  # A's last renewal lapses: the id is free, with A's mark
         b = self.new("b", reg, ttl, snowflake__max_clock_wait=f"'{max_wait_s}s'")
         self.up(b)
-        wait_until(lambda: status(b) not in ("starting", "unreachable"), timeout=15,
+        wait_until(lambda: status(b) not in ("starting", "unreachable"),
                    what="B's first claim")
         got_worker = b.one("SELECT worker_id FROM snowflake_stats()")
         result = {}
         conn = b.connect()
-        conn.execute("SET statement_timeout = '30s'")
+        # The old code slept until statement_timeout: a hang guard far above the bound.
+        conn.execute(f"SET statement_timeout = '{HANG_GUARD}s'")
 
         def call():
             started = time.monotonic()
@@ -572,15 +573,19 @@ class MarkScenarios:
             result["s"] = time.monotonic() - started
 
         t = threading.Thread(target=call, daemon=True)
+        started = time.monotonic()
         t.start()
-        bound = max_wait_s + 4
-        t.join(bound)
-        if t.is_alive():
+        # Liveness from the settings: max_clock_wait, and a claim_ttl for the registry
+        # requests it may make (docs/testing.md#timing-in-the-tests).
+        try:
+            wait_live(lambda: not t.is_alive(), max_wait_s + ttl, started,
+                      what="snowflake_next() on B")
+        except AssertionError as late:
             conn.cancel()
-            t.join(10)
+            t.join(HANG_GUARD)
             conn.close()
             self.fail(f"snowflake_next() on B (claim status {status(b)}, worker id "
-                      f"{got_worker}; A's was {wa}) still sleeping after {bound} s "
+                      f"{got_worker}; A's was {wa}) still sleeping: {late} "
                       f"(max_clock_wait {max_wait_s} s); cancelled: "
                       f"{getattr(result.get('error'), 'sqlstate', None)}")
         conn.close()
@@ -623,7 +628,7 @@ class RedisFaults(FleetFaultBase):
         a = self.new("a", Uri(pa.redis_uri()), ttl, clock_ms=-800)
         b = self.new("b", redis, ttl, clock_ms=800, snowflake__max_clock_drift="'3s'")
         self.up(a)
-        wa = wait_claimed(a, timeout=20)
+        wa = wait_claimed(a)
         self.up(b)
         wait_status(b, "exhausted")
         wr_a = self.writer(a)
@@ -631,14 +636,14 @@ class RedisFaults(FleetFaultBase):
 
         after_renewal(a)
         pa.hold(lambda data: b"EVAL" in data)  # the scripts; INFO passes
-        wait_until(lambda: status(a) in ("fenced", "unreachable"), timeout=10,
+        wait_until(lambda: status(a) in ("fenced", "unreachable"),
                    what="A fencing itself")
-        self.assertEqual(wait_claimed(b, timeout=20), wa)
+        self.assertEqual(wait_claimed(b), wa)
         after_renewal(b)
         blocks = reserve_blocks(b, 2000)
         b.stop()  # releases the id
         pa.release()  # the renewal sent with A's fence arrives now, then the rest
-        wait_claimed(a, timeout=15)
+        wait_claimed(a)
         time.sleep(3)
         self.stop_writers(wr_a)
         dup = in_blocks(blocks, wr_a.got) + duplicates(wr_a.got)
@@ -658,7 +663,7 @@ class RedisFaults(FleetFaultBase):
         h = self.new("h", redis, ttl)
         c = self.new("c", redis, ttl, clock_ms=0)
         self.up(h)
-        wh = wait_claimed(h, timeout=20)
+        wh = wait_claimed(h)
         self.up(c)
         wait_status(c, "exhausted")
         wr_h = self.writer(h)
@@ -669,7 +674,7 @@ class RedisFaults(FleetFaultBase):
         redis.stop()
         redis.start()  # empty
         conn = c.connect()
-        self.assertEqual(wait_claimed(c, timeout=20), wh)
+        self.assertEqual(wait_claimed(c), wh)
         c.shift_clock_ms(-5000)
         got_c, errors = [], []
         deadline = time.monotonic() + 1.5
@@ -710,7 +715,7 @@ class RedisFaults(FleetFaultBase):
                    what="the registry record on R2")
         r2.promote()  # R1's writes from now on reach R2 no more
         self.assertNotEqual(status(b), "held", "setup: B claimed before R2 was promoted")
-        wb = wait_claimed(b, timeout=20)
+        wb = wait_claimed(b)
         wr_b = self.writer(b)
         wr_b.running(200)
         self.up(c)
@@ -724,7 +729,7 @@ class RedisFaults(FleetFaultBase):
         self.assertEqual(r1.run_id(), r1_id)
         r2.follow(r1)
         seen = set()
-        wc = wait_claimed(c, timeout=25, seen=seen)
+        wc = wait_claimed(c, seen=seen)
         wr_c = self.writer(c)
         time.sleep(max(0.5, cut_since + ttl / 2 + 0.5 - time.monotonic()))
         pb.mode = "pass"

@@ -14,7 +14,7 @@ import unittest
 
 import psycopg
 
-from harness import Cluster, error_of
+from harness import Cluster, error_of, report_figure, wait_live, wait_until
 
 PRELOAD = "'snowflake'"
 # 1541815603606036480 is Discord's documented example ID; on our layout it decodes too.
@@ -592,14 +592,10 @@ class BatchContention(HostileCase):
 
     def wait_active(self, conns):
         pids = [c.info.backend_pid for c in conns]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            active = self.pg.one("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) "
-                                 "AND state = 'active'", (pids,))
-            if active == len(pids):
-                return pids
-            time.sleep(0.05)
-        self.fail("batch sessions did not start")
+        wait_until(lambda: self.pg.one("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) "
+                                       "AND state = 'active'", (pids,)) == len(pids),
+                   what="the batch sessions to start")
+        return pids
 
     def test_other_sessions_are_served_and_every_call_cancels(self):
         conns, threads, results = self.start_batches()
@@ -608,25 +604,35 @@ class BatchContention(HostileCase):
             latencies = []
             with self.connect_owner() as probe:
                 for _ in range(100):
+                    if results != [None] * self.SESSIONS:
+                        break
                     t = time.monotonic()
                     probe.execute("SELECT snowflake_next()").fetchone()
-                    latencies.append(time.monotonic() - t)
+                    if results == [None] * self.SESSIONS:  # served while every batch ran
+                        latencies.append(time.monotonic() - t)
                     time.sleep(0.01)
             latencies.sort()
+            figures = (f"{len(latencies)} probes served while every batch ran" +
+                       (f" (median {latencies[len(latencies) // 2]:.4f} s, max "
+                        f"{latencies[-1]:.4f} s)" if latencies else ""))
+            report_figure("probe latency beside three million-ID batches", figures)
             # Each batch holds the generator's lock for one millisecond's run at a time, so
             # other sessions are served while the batches run (each needs at least 15 s of ID
-            # time): every probe returned while every batch was still running. (No bound in
-            # seconds: how fast a loaded machine schedules the probe is not ours to promise.)
-            self.assertEqual(results, [None] * self.SESSIONS,
-                             f"a batch ended before the probes were served (median "
-                             f"{latencies[50]:.4f} s, max {latencies[-1]:.4f} s)")
+            # time). Counted, not timed: a probe counts if it returned while every batch still
+            # ran; a generator held for a whole batch serves none. (No bound in seconds: how
+            # fast a loaded machine schedules the probe is not ours to promise, and 100 probes
+            # in 15 s is not either: 10 are enough to tell.)
+            self.assertGreaterEqual(len(latencies), 10, f"a batch ended before the probes "
+                                    f"were served: {figures}")
             # Cancel every batch session (the owner may cancel its own sessions).
             with self.connect_owner() as admin:
                 for pid in pids:
                     self.assertTrue(admin.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone()[0])
                     k = pids.index(pid)
-                    threads[k].join(10)
-                    self.assertFalse(threads[k].is_alive(), "a cancelled batch kept running")
+                    # Liveness: a batch checks for interrupts at each millisecond's run, so
+                    # nothing in the settings to wait for (docs/testing.md).
+                    wait_live(lambda: not threads[k].is_alive(), 0.0,
+                              what="a cancelled batch to end")
                     state, _ = results[k]
                     self.assertEqual(state, "57014")
         finally:

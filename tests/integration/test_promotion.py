@@ -16,7 +16,8 @@ import unittest
 
 import psycopg
 
-from harness import BatchClient, timed_one, wait_until
+from harness import (HANG_GUARD, BatchClient, assert_live, report_figure, timed_one,
+                     wait_until)
 from test_replication import start_pair
 
 
@@ -50,9 +51,13 @@ def kill_walreceiver_and_wait(standby, pid):
     wait_until(lambda: standby.one("SELECT pg_is_in_recovery()"), what="the standby back")
 
 
-def timed_first_id(test, pg, timeout="3s"):
-    """snowflake_next() on a new session (see timed_one). Returns (id, seconds)."""
-    return timed_one(test, pg, "SELECT snowflake_next()", timeout)
+def timed_first_id(test, pg, timeout=f"{HANG_GUARD}s"):
+    """snowflake_next() on a new session (see timed_one). Returns (id, seconds, started). The
+    statement_timeout only guards against a hang: how long it took is asserted with a
+    liveness bound (assert_live)."""
+    started = time.monotonic()
+    value, took = timed_one(test, pg, "SELECT snowflake_next()", timeout)
+    return value, took, started
 
 
 class SynchronousStall(unittest.TestCase):
@@ -66,8 +71,9 @@ class SynchronousStall(unittest.TestCase):
         names are set again; nothing else writes WAL (autovacuum off). A synchronous session
         then needs the newest lease record confirmed, and the standby, with nothing new to
         receive, reports again only after `wal_receiver_status_interval` (10 s).
-        Acceptance: 20,000 IDs in one statement succeed within statement_timeout = 4 s, and
-        take less than 2 s.
+        Acceptance: 20,000 IDs in one statement succeed, within a liveness bound (nothing to
+        wait for in the settings, plus the margin scaled by the measured scheduling delay:
+        docs/testing.md#timing-in-the-tests); the stall waited for the 10 s status report.
         Fault used: ALTER SYSTEM SET synchronous_standby_names = '' / '*' with reloads."""
         primary, standby = start_pair(self, "stall", 26, sync=True,
                                       snowflake__lease_window="'1ms'")
@@ -83,11 +89,11 @@ class SynchronousStall(unittest.TestCase):
         self.assertGreater(primary.stats()["lease_writes"] - before, 5)
         standby.wait_replayed(primary)  # the standby flushed (and reported) the records
         set_sync_names(primary, "*")
+        started = time.monotonic()
         count, took = timed_one(self, primary, "SELECT count(*) FROM (SELECT snowflake_next()"
-                                " FROM generate_series(1, 20000)) s", "4s")
-        note(f"20,000 IDs in the synchronous session took {took:.3f} s")
+                                " FROM generate_series(1, 20000)) s", f"{HANG_GUARD}s")
         self.assertEqual(count, 20000)
-        self.assertLess(took, 2.0)
+        assert_live(self, took, 0.0, started, "20,000 IDs in the synchronous session")
 
 
 class PreparedHolds(unittest.TestCase):
@@ -104,9 +110,10 @@ class PreparedHolds(unittest.TestCase):
         N (with one client connection the standby still kept up at N = 3,000 and 8,000 on
         the machine this was written on; with four, it fell 5 s behind at 8,000 and 38 s at
         12,000).
-        Acceptance: the standby catches up within 10 s after the primary's last COMMIT
-        PREPARED, and its `snowflake.prepared` is no larger than max(the primary's, 4096
-        bytes) (sizes, not entries: the file format may change).
+        Acceptance: its `snowflake.prepared` is no larger than max(the primary's, 4096
+        bytes) (sizes, not entries: the file format may change). How long the standby took
+        to catch up after the primary's last COMMIT PREPARED is a reported figure (it
+        measures the machine's load as much as the replay; docs/testing.md#timing-in-the-tests).
         Fault used: none beyond load; a real streaming standby and real prepared
         transactions (max_prepared_transactions = 100 on both)."""
         primary, standby = start_pair(self, "holds", 27, max_prepared_transactions="100")
@@ -123,25 +130,17 @@ class PreparedHolds(unittest.TestCase):
         target, lag_bytes = primary.sql(
             "SELECT pg_current_wal_flush_lsn()::text,"
             " pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn) FROM pg_stat_replication")[0]
-        caught_up = None
-        deadline = finished + 10
-        while time.monotonic() < deadline:
-            if standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)):
-                caught_up = time.monotonic() - finished
-                break
-            time.sleep(0.05)
-        left = standby.one("SELECT pg_wal_lsn_diff(%s::pg_lsn, pg_last_wal_replay_lsn())",
-                           (target,))
+        wait_until(lambda: standby.one("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn",
+                                       (target,)), what="the standby's replay to catch up")
+        caught_up = time.monotonic() - finished
         primary_size = file_size(os.path.join(primary.data, "snowflake.prepared"))
         standby_size = file_size(os.path.join(standby.data, "snowflake.prepared"))
-        catch_up = "> 10 s" if caught_up is None else f"{caught_up:.2f} s"
         figures = (f"primary: {self.N} pairs in {loop_s:.1f} s ({self.N / loop_s:.0f} pairs/s);"
                    f" replay lag right after: {int(lag_bytes or 0)} bytes;"
-                   f" caught up after: {catch_up} ({int(left)} bytes left then);"
+                   f" caught up after: {caught_up:.2f} s;"
                    f" snowflake.prepared: primary {primary_size} bytes,"
                    f" standby {standby_size} bytes")
-        note(figures)
-        self.assertIsNotNone(caught_up, f"the standby did not catch up in 10 s: {figures}")
+        report_figure("standby replay of 3,000 prepared transactions", figures)
         self.assertLessEqual(standby_size, max(primary_size, 4096), figures)
 
 
@@ -155,8 +154,9 @@ class Promotion(unittest.TestCase):
         past `max_clock_drift + 2 × lease_window` ahead of its clock, which is more than it
         may run ahead: with clock_behind_action = error it refuses (58000 `cannot issue
         snowflake IDs for another N ms after promotion`).
-        Acceptance: the first snowflake_next() on the promoted node succeeds in < 1 s
-        (statement_timeout 3 s) and is above every ID the old primary issued.
+        Acceptance: the first snowflake_next() on the promoted node succeeds at once (a
+        liveness bound: nothing to wait for in the settings, plus the margin scaled by the
+        measured scheduling delay) and is above every ID the old primary issued.
         Fault used: a planned switchover (stop -m fast, then promote)."""
         primary, standby = start_pair(self, "switch", 28,
                                       snowflake__max_clock_drift="'1min'",
@@ -185,9 +185,8 @@ class Promotion(unittest.TestCase):
         wait_until(settled, what="received WAL settled and replayed")
         standby.promote()
         self.assertFalse(standby.one("SELECT pg_is_in_recovery()"))
-        first, took = timed_first_id(self, standby)
-        note(f"first ID after the switchover in {took:.3f} s")
-        self.assertLess(took, 1.0)
+        first, took, started = timed_first_id(self, standby)
+        assert_live(self, took, 0.0, started, "first ID after the switchover")
         self.assertGreater(first, highest)
 
     def test_unclean_failover_issues_at_once_above_everything(self):
@@ -198,7 +197,7 @@ class Promotion(unittest.TestCase):
         reinitialises its shared memory) and the standby is promoted. It resumes at the
         failover floor, about 3 s ahead of its clock, beyond max_clock_drift: today the first
         calls fail with 58000 `cannot issue snowflake IDs for another N ms after promotion`.
-        Acceptance: the first snowflake_next() succeeds in < 1 s (statement_timeout 3 s),
+        Acceptance: the first snowflake_next() succeeds at once (a liveness bound, as above),
         above every ID the old primary returned, and then 20,000 IDs in one statement succeed
         (distinct, all above the first).
         Fault used: SIGSTOP/SIGKILL of the WAL receiver, stop -m immediate of the primary."""
@@ -210,18 +209,17 @@ class Promotion(unittest.TestCase):
             standby.wait_replayed(primary)  # streaming: the standby saw the primary's clock
             walreceiver = standby.walreceiver_pid()
             os.kill(walreceiver, signal.SIGSTOP)
-            time.sleep(2.0)  # two lease windows the standby never receives
+            time.sleep(2.0)  # scenario: two lease windows the standby never receives
             primary.stop("immediate")
         highest = max(client.returned)
         kill_walreceiver_and_wait(standby, walreceiver)
         standby.promote()
         self.assertFalse(standby.one("SELECT pg_is_in_recovery()"))
-        first, took = timed_first_id(self, standby)
-        note(f"first ID after the unclean failover in {took:.3f} s")
-        self.assertLess(took, 1.0)
+        first, took, started = timed_first_id(self, standby)
+        assert_live(self, took, 0.0, started, "first ID after the unclean failover")
         self.assertGreater(first, highest)
         with standby.connect() as conn:
-            conn.execute("SET statement_timeout = '10s'")
+            conn.execute(f"SET statement_timeout = '{HANG_GUARD}s'")  # a hang guard
             try:
                 total, distinct, low = conn.execute(
                     "SELECT count(*), count(DISTINCT x), min(x) FROM ("
@@ -240,7 +238,8 @@ class Promotion(unittest.TestCase):
         promoted. Today it starts as a new cluster at its own clock, below the old primary's
         IDs.
         Acceptance: the promoted node's first ID is above every ID the old primary issued
-        (clock_behind_action = wait, statement_timeout 30 s: this test is about order only).
+        (clock_behind_action = wait; the statement_timeout only guards against a hang: this
+        test is about order only).
         Fault used: SIGSTOP/SIGKILL of the WAL receiver, stop -m immediate of the primary."""
         primary, standby = start_pair(self, "firstlease", 30,
                                       snowflake__max_clock_drift="'20s'",
@@ -265,7 +264,7 @@ class Promotion(unittest.TestCase):
         kill_walreceiver_and_wait(standby, walreceiver)
         standby.promote()
         self.assertFalse(standby.one("SELECT pg_is_in_recovery()"))
-        first, took = timed_first_id(self, standby, timeout="30s")
+        first, took, _ = timed_first_id(self, standby)
         note(f"first ID of the promoted node in {took:.3f} s; it is "
              f"{((first - highest) >> 22) / 1000:.2f} s of ID time above the old maximum")
         self.assertGreater(first, highest)

@@ -259,7 +259,7 @@ class TransportTrustTest(unittest.TestCase):
         return fake
 
     def assert_never_got_password(self, fake, what):
-        wait_until(lambda: fake.seen(), timeout=30, what=f"a connection to {what} ended")
+        wait_until(lambda: fake.seen(), what=f"a connection to {what} ended")
         self.assertNotIn("password", fake.seen(), f"{what} received the password")
 
     # -- the coordinator ---------------------------------------------------------------
@@ -267,7 +267,7 @@ class TransportTrustTest(unittest.TestCase):
         fake = self.impostor(FakeCoordinator())
         self.start_node_on(f"postgresql://fleet:{PASSWORD}@127.0.0.1:{fake.port}/db")
         self.assert_never_got_password(fake, "a coordinator that refuses TLS")
-        wait_until(lambda: "sslmode" in self.new_log(), timeout=30,
+        wait_until(lambda: "sslmode" in self.new_log(),
                    what="the log to say why (and name sslmode)")
 
     def test_explicit_sslmode_disable_still_sends(self):
@@ -275,7 +275,7 @@ class TransportTrustTest(unittest.TestCase):
         fake = self.impostor(FakeCoordinator())
         self.start_node_on(
             f"postgresql://fleet:{PASSWORD}@127.0.0.1:{fake.port}/db?sslmode=disable")
-        wait_until(lambda: "password" in fake.seen(), timeout=30,
+        wait_until(lambda: "password" in fake.seen(),
                    what="the password over an explicit sslmode=disable")
 
     def test_require_with_root_cert_verifies_the_ca(self):
@@ -300,7 +300,7 @@ class TransportTrustTest(unittest.TestCase):
         # Either the named master was reached (a connection to it ended), or the node
         # logged why it was not; then it must not have the password.
         refusal = "not sending the Redis password"
-        wait_until(lambda: master.seen() or refusal in self.new_log(), timeout=30,
+        wait_until(lambda: master.seen() or refusal in self.new_log(),
                    what="the node to reach the master the sentinels name, or to refuse")
         self.assertNotIn("password", master.seen(), "the master the sentinels named got it")
         self.assertIn(refusal, self.new_log())
@@ -317,7 +317,7 @@ class TransportTrustTest(unittest.TestCase):
                     out.write(f.read())
         os.chmod(bundle, 0o644)
         self.start_node_on(etcd.uri(), **{"snowflake.registry_ca_file": f"'{bundle}'"})
-        wait_claimed(self.node, timeout=30)
+        wait_claimed(self.node)
 
     # -- a CA file is the whole trust set ----------------------------------------------
     # The server's OpenSSL takes SSL_CERT_FILE as the system's CA store: here the CA that
@@ -355,10 +355,10 @@ class TransportTrustTest(unittest.TestCase):
         redis = self.impostor(FakeRedis(context))
         self.start_node_on(f"postgresql://fleet:{PASSWORD}@127.0.0.1:{pg.port}/db"
                            "?sslmode=verify-full", env=env)
-        wait_until(lambda: "password" in pg.seen(), timeout=30,
+        wait_until(lambda: "password" in pg.seen(),
                    what="the password over verify-full, the system's store trusted")
         self.start_node_on(f"rediss://:{PASSWORD}@127.0.0.1:{redis.port}/0", env=env)
-        wait_until(lambda: "password" in redis.seen(), timeout=30,
+        wait_until(lambda: "password" in redis.seen(),
                    what="the password over rediss://, the system's store trusted")
 
     def test_every_certificate_of_the_ca_file_is_trusted(self):
@@ -377,10 +377,10 @@ class TransportTrustTest(unittest.TestCase):
         redis = self.impostor(FakeRedis(context))
         self.start_node_on(f"postgresql://fleet:{PASSWORD}@127.0.0.1:{pg.port}/db"
                            "?sslmode=verify-full", **settings)
-        wait_until(lambda: "password" in pg.seen(), timeout=30,
+        wait_until(lambda: "password" in pg.seen(),
                    what="the password over verify-full, the CA second in the file")
         self.start_node_on(f"rediss://:{PASSWORD}@127.0.0.1:{redis.port}/0", **settings)
-        wait_until(lambda: "password" in redis.seen(), timeout=30,
+        wait_until(lambda: "password" in redis.seen(),
                    what="the password over rediss://, the CA second in the file")
 
     def test_etcds_ca_file_excludes_the_system_store(self):
@@ -395,7 +395,7 @@ class TransportTrustTest(unittest.TestCase):
         state = lambda: self.node.one("SELECT claim_status FROM snowflake_stats()")
         # The worker logs each new cause of a failed request (the first: the certificate).
         wait_until(lambda: state() == "held" or "a request to registry" in self.new_log(),
-                   timeout=30, what="a claim, or a failed request")
+                   what="a claim, or a failed request")
         self.assertNotEqual(state(), "held", "etcd trusted the system's CAs")
 
     # -- the setting -------------------------------------------------------------------
@@ -403,7 +403,7 @@ class TransportTrustTest(unittest.TestCase):
         fake = self.impostor(FakeCoordinator())
         self.start_node_on(
             f"postgresql://fleet:{PASSWORD}@127.0.0.1:{fake.port}/db?sslmode=disable")
-        wait_until(lambda: "registry_password_file" in self.new_log(), timeout=30,
+        wait_until(lambda: "registry_password_file" in self.new_log(),
                    what="a WARNING naming snowflake.registry_password_file")
         self.assertNotIn(PASSWORD, self.node.log())
 
