@@ -24,7 +24,7 @@ import urllib.request
 
 import psycopg
 
-from harness import BASE, PG_BIN, wait_until
+from harness import BASE, HANG_GUARD, PG_BIN, wait_until
 
 PROCESS_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -166,7 +166,7 @@ class PatroniCluster:
         return [self.etcd_port, self.etcd_peer_port] + \
             [p for n in self.nodes for p in (n.pg_port, n.rest_port)]
 
-    def start(self, timeout=90):
+    def start(self, timeout=HANG_GUARD):
         """etcd, then every Patroni member; returns once there is a leader and every replica
         streams from it."""
         busy = [p for p in self.ports() if not port_is_free(p)]
@@ -201,7 +201,7 @@ class PatroniCluster:
             code, body = http_get(f"{client}/health")
             return code == 200 and b"true" in body
 
-        wait_until(healthy, timeout=30, what="etcd")
+        wait_until(healthy, what="etcd")
 
     def _config(self, node):
         hba = ["local all all trust", "local replication all trust",
@@ -275,7 +275,8 @@ class PatroniCluster:
                 pid = node.postmaster_pid()
                 if pid:
                     os.kill(pid, signal.SIGQUIT)
-            deadline = time.monotonic() + 10
+            # Cleanup: waits (at most HANG_GUARD) and then kills whatever is left.
+            deadline = time.monotonic() + HANG_GUARD
             while any(n.postmaster_pid() for n in self.nodes) and time.monotonic() < deadline:
                 time.sleep(0.05)
             for pid in processes_under(self.dir):
@@ -283,7 +284,7 @@ class PatroniCluster:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + HANG_GUARD
             while any(alive(p) for p in processes_under(self.dir)) and time.monotonic() < deadline:
                 time.sleep(0.05)
             for node in self.nodes:
@@ -331,7 +332,7 @@ class PatroniCluster:
     def others(self, node):
         return [n for n in self.nodes if n is not node and not n.lost]
 
-    def wait_streaming(self, timeout=60):
+    def wait_streaming(self, timeout=HANG_GUARD):
         """Waits until every live replica streams from the leader (so it may be promoted)."""
         def streaming():
             leader = self.leader()
@@ -355,7 +356,7 @@ class PatroniCluster:
                 "target_session_attrs=read-write connect_timeout=2")
 
     # -- faults ------------------------------------------------------------------------
-    def switchover(self, leader, candidate, timeout=60):
+    def switchover(self, leader, candidate, timeout=HANG_GUARD):
         """A planned switchover with patronictl; returns its output."""
         r = subprocess.run(["patronictl", "-c", leader.config, "switchover", "--leader",
                             leader.name, "--candidate", candidate.name, "--force"],

@@ -45,19 +45,22 @@ import unittest
 
 import psycopg
 
-from harness import PG_MAJOR, wait_until
+from harness import HANG_GUARD, PG_MAJOR, report_figure, scheduling_delay, wait_live, wait_until
 from patroni_cluster import PatroniCluster
 
 HA_MAJOR = os.environ.get("SNOWFLAKE_HA_MAJOR", "17")
 PORT_BASE = int(os.environ.get("SNOWFLAKE_HA_PORT_BASE", 26000 + 100 * (int(PG_MAJOR) - 15)))
 
 STEADY_S = 3.0  # steady writing before the first action and after each recovery
-RECOVERY_TIMEOUT_S = 60
+RECOVERY_TIMEOUT_S = HANG_GUARD  # a hang guard: the outage itself is compared with a control
 PACE_S = 0.005  # between two inserts of a writer
 RETRY_S = 0.05  # between a failure and the next attempt
 
 HA_SQLSTATES = {"57P01", "57P02", "57P03", "25006", "40001", "40P01"}
-OUTAGE_FACTOR, OUTAGE_SLACK_S = 1.10, 0.3
+# snowflake's outage may exceed bigserial's (the control, measured in the same run) by this
+# factor and slack, plus OUTAGE_LAG_STEPS times the scheduling delay measured meanwhile:
+# each writer's outage has two ends, each a wake-up that may be late (docs/testing.md).
+OUTAGE_FACTOR, OUTAGE_SLACK_S, OUTAGE_LAG_STEPS = 1.10, 0.3, 4
 
 
 def error_code(e):
@@ -178,10 +181,12 @@ class PatroniFailover(unittest.TestCase):
         return self.ha.leader()
 
     def steady(self, since):
-        """Lets both writers run STEADY_S (and requires that they write meanwhile)."""
+        """Lets both writers run STEADY_S (scenario), and requires that they write meanwhile
+        (liveness: within STEADY_S plus the margin scaled by the measured scheduling delay)."""
         time.sleep(STEADY_S)
         for w in self.writers:
-            self.assertGreater(w.last_ack(), since, f"{w.label}: no insert in the steady period")
+            wait_live(lambda: w.last_ack() > since, STEADY_S, since,
+                      what=f"{w.label}: an insert in the steady period")
 
     def test_switchover_then_failover_like_a_sequence(self):
         conninfo = self.ha.conninfo()
@@ -194,7 +199,7 @@ class PatroniFailover(unittest.TestCase):
         phases = {}
         try:
             began = time.monotonic()
-            wait_until(lambda: all(w.acks for w in self.writers), timeout=30, what="first inserts")
+            wait_until(lambda: all(w.acks for w in self.writers), what="first inserts")
             self.steady(began)
 
             # A planned switchover to the replica.
@@ -207,7 +212,7 @@ class PatroniFailover(unittest.TestCase):
             # It resumed past every lease the old leader could have written, ahead of its
             # clock, and issued from there at once (the outages below show it).
             wait_until(lambda: "snowflake: promoted; IDs resume at" in self.ha.server_log(second),
-                       timeout=10, what="the promotion's LOG line")
+                       what="the promotion's LOG line")
             back = time.monotonic()
             self.steady(back)
             phases["switchover"] = (start, time.monotonic(), back - start)
@@ -218,7 +223,7 @@ class PatroniFailover(unittest.TestCase):
             self.ha.lose(second)
             third = self.wait_recovered(time.monotonic(), second, "failover")
             wait_until(lambda: "snowflake: promoted; IDs resume at" in self.ha.server_log(third),
-                       timeout=10, what="the promotion's LOG line")
+                       what="the promotion's LOG line")
             back = time.monotonic()
             self.steady(back)
             phases["failover"] = (start, time.monotonic(), back - start)
@@ -268,15 +273,18 @@ class PatroniFailover(unittest.TestCase):
         for phase, (start, end, recovered_after) in phases.items():
             sf_gap, sf_from, sf_to = self.sf.longest_outage(start, end)
             bs_gap, bs_from, bs_to = self.bs.longest_outage(start, end)
-            limit = OUTAGE_FACTOR * bs_gap + OUTAGE_SLACK_S
+            lag = scheduling_delay(start, end)
+            limit = OUTAGE_FACTOR * bs_gap + OUTAGE_SLACK_S + OUTAGE_LAG_STEPS * lag
             verdict = "ok" if sf_gap <= limit else "TOO LONG"
             outage_lines.append(
                 f"{phase:<10}: snowflake {sf_gap:5.2f} s ({sf_from - start:+.2f}..{sf_to - start:+.2f}), "
                 f"bigserial {bs_gap:5.2f} s ({bs_from - start:+.2f}..{bs_to - start:+.2f}); "
                 f"limit {limit:.2f} s: {verdict}; recovery observed after {recovered_after:.2f} s")
+            report_figure(f"{phase} outage", outage_lines[-1])
             if sf_gap > limit:
                 problems.append(f"{phase}: snowflake outage {sf_gap:.2f} s > "
-                                f"{OUTAGE_FACTOR} x {bs_gap:.2f} s + {OUTAGE_SLACK_S} s")
+                                f"{OUTAGE_FACTOR} x {bs_gap:.2f} s + {OUTAGE_SLACK_S} s + "
+                                f"{OUTAGE_LAG_STEPS} x {lag:.3f} s scheduling delay")
 
         report("errors by SQLSTATE (whole run):", *lines,
                "longest outage per phase (times from the action):", *outage_lines)
