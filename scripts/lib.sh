@@ -61,6 +61,29 @@ require_free_space() {
     fi
 }
 
+# start_cpu_hogs: the test command's stress mode. One busy loop per core at normal priority,
+# for as long as the calling script lives: each loop ends by itself once its parent is gone
+# (a killed run leaves no hog behind), and the script's exit stops them at once.
+start_cpu_hogs() {
+    local cores i
+    cores="$(nproc)"
+    CPU_HOGS=()
+    for ((i = 0; i < cores; i++)); do
+        # The parent's pid is passed, not read at start: a parent killed while Python
+        # starts would otherwise leave a hog that never ends.
+        /usr/bin/python3 -c '
+import os, sys
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    for _ in range(100000):
+        pass
+' "$BASHPID" &
+        CPU_HOGS+=("$!")
+    done
+    trap 'kill "${CPU_HOGS[@]}" 2>/dev/null || true' EXIT
+    log "Stress mode: $cores CPU hogs (a busy loop per core, normal priority) for the whole run"
+}
+
 # shlib_depends [-lDIR] FILE...: the Depends line that the ELF files need, as dpkg-shlibdeps
 # computes it for a Debian package (libraries found in a -l directory are the package's own).
 shlib_depends() {
