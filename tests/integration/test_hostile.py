@@ -685,14 +685,27 @@ class Warnings(HostileCase):
         with self.pg.connect() as cause, self.pg.connect("other") as bystander:
             caused = self.warnings_of(cause)
             seen = self.warnings_of(bystander)
-            time.sleep(1.1)  # past any earlier report's interval
-            cause.execute(self.EXHAUST)
+            # Two statements in a row must fall inside one 1 s interval: on a loaded machine
+            # they may not, and then the second is rightly reported too. So the pair is tried
+            # again (at most 5 times) until it took less than the interval (scenario; what is
+            # asserted of a pair that did is strict).
+            for _ in range(5):
+                time.sleep(1.1)  # scenario: past any earlier report's interval
+                del caused[:]
+                began = time.monotonic()
+                cause.execute(self.EXHAUST)
+                self.assertEqual(len(caused), 1, [d.message_primary for d in caused])
+                self.assertIn("more than 4096 IDs were requested within one millisecond",
+                              caused[0].message_primary)
+                self.assertEqual(caused[0].source_function, "snowflake_next_block")
+                # More events inside the interval are counted, not reported; once the
+                # interval has passed, someone else's call does not inherit them.
+                cause.execute(self.EXHAUST)
+                if time.monotonic() - began < 1.0:
+                    break
+            else:
+                self.fail("two statements in a row never took less than the 1 s interval")
             self.assertEqual(len(caused), 1, [d.message_primary for d in caused])
-            self.assertIn("more than 4096 IDs were requested within one millisecond", caused[0].message_primary)
-            self.assertEqual(caused[0].source_function, "snowflake_next_block")
-            # More events inside the interval are counted, not reported; once the interval has
-            # passed, someone else's call does not inherit them.
-            cause.execute(self.EXHAUST)
             time.sleep(1.1)
             bystander.execute("SELECT snowflake_next()")
             self.assertEqual(seen, [])
