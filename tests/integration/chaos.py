@@ -543,12 +543,8 @@ class ChaosRedis(Redis):
              "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
              "--dbfilename", "dump.rdb"],
             stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.cli("PING", check=False) == "PONG":
-                return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        harness.wait_until(lambda: self.cli("PING", check=False) == "PONG",
+                           what="redis-server to start")
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None
@@ -988,7 +984,7 @@ class ChaosEtcd:
         except Exception:  # noqa: BLE001
             return False
 
-    def start(self, timeout=30):
+    def start(self, timeout=harness.HANG_GUARD):
         """Every member running (started if down, continued if frozen) and a leader."""
         for i in range(3):
             if self.member_running(i):
@@ -1250,7 +1246,8 @@ class ChaosSentinel:
         self.procs[port] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL)
         self.stopped.discard(port)
-        self._wait(lambda: self.try_call(port, "PING") == "PONG", 20, f"redis {port} did not start")
+        self._wait(lambda: self.try_call(port, "PING") == "PONG", harness.HANG_GUARD,
+                   f"redis {port} did not start")
 
     def _spawn_sentinel(self, port, master_port):
         d = self.sdir(port)
@@ -1267,7 +1264,7 @@ class ChaosSentinel:
         self.procs[port] = subprocess.Popen(["redis-sentinel", conf], stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL)
         self.stopped.discard(port)
-        self._wait(lambda: self.try_call(port, "PING") == "PONG", 20,
+        self._wait(lambda: self.try_call(port, "PING") == "PONG", harness.HANG_GUARD,
                    f"sentinel {port} did not start")
 
     def named(self, port):
@@ -1297,7 +1294,7 @@ class ChaosSentinel:
     def other(self, port):
         return next(p for p in self.server_ports if p != port)
 
-    def start(self, timeout=40):
+    def start(self, timeout=harness.HANG_GUARD):
         """First: master, replica in sync, sentinels knowing both and each other. Later
         (healing): every process continued or started again, until a majority names a
         master that says it is one."""

@@ -15,7 +15,7 @@ import os
 import unittest
 
 import chaos
-from harness import PG_MAJOR
+from harness import PG_MAJOR, report_figure
 
 FORCED_MAJOR = os.environ.get("SNOWFLAKE_CHAOS_MAJOR")
 RUN_MAJORS = os.environ.get("PG_MAJORS", PG_MAJOR).split()
@@ -36,6 +36,19 @@ class ShortChaosCampaign(unittest.TestCase):
         result = chaos.run_plan(plan, verbose=False)
         report = chaos.human(result)
         print(f"\n{plan.text()}\n{report}", flush=True)
+        # How long each node refused, and the pause of an untouched node while a registry
+        # member was lost, are figures (they depend on the load as much as on the code):
+        # reported into the test command's summary, never a pass/fail bound.
+        for name, r in result["refusing"].items():
+            report_figure(f"{registry} {name} refusing",
+                          f"{r['seconds']} s (longest {r['longest']} s) of "
+                          f"{result['seconds']:g} s of faults; {result['ids_per_node'].get(name, 0)}"
+                          f" IDs; errors {result['errors'][name]}")
+        gaps = sorted(x["longest_gap_s"] for x in result.get("member_fault_gaps") or [])
+        if gaps:
+            report_figure(f"{registry} pause of an untouched node while a member was lost",
+                          f"median {gaps[len(gaps) // 2]} s, max {gaps[-1]} s "
+                          f"({len(gaps)} faults)")
         # Not a vacuous run. A composite fault is skipped when its moment does not come (the
         # waiting node got an id another way, a node was busy restarting): on a loaded
         # machine a 40 s schedule of composites may play only a few of them.
