@@ -39,8 +39,8 @@ LAG_HISTORY_S = 10.0
 class _LagSampler(threading.Thread):
     """Measures the scheduling delay of this run: sleeps PERIOD_S again and again and keeps
     how late each wake-up was. The test processes and the servers share the machine's cores,
-    so a late wake-up here is a measure of how late theirs are (four suites at once on 2 cores
-    make it 10 to 100 times larger than on an idle machine)."""
+    so a late wake-up here is a measure of how late theirs are (figures measured on a 2-core
+    machine: docs/testing.md#timing-in-the-tests)."""
 
     PERIOD_S = 0.02
 
@@ -58,15 +58,14 @@ class _LagSampler(threading.Thread):
                 self.samples.append((woke, max(0.0, woke - began - self.PERIOD_S)))
 
     def worst(self, since=None, until=None):
-        with self.lock:
-            samples = list(self.samples)
         worst = 0.0
-        for woke, late in reversed(samples):
-            if until is not None and woke > until + self.PERIOD_S:
-                continue
-            if since is not None and woke < since:
-                break
-            worst = max(worst, late)
+        with self.lock:  # newest first, up to `since`: no copy of a long run's samples
+            for woke, late in reversed(self.samples):
+                if until is not None and woke > until + self.PERIOD_S:
+                    continue
+                if since is not None and woke < since:
+                    break
+                worst = max(worst, late)
         return worst
 
 
