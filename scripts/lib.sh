@@ -65,8 +65,8 @@ require_free_space() {
 # for as long as the calling script lives: each loop ends by itself once its parent is gone
 # (a killed run leaves no hog behind), and the script's exit stops them at once.
 start_cpu_hogs() {
-    local cores i
-    cores="$(nproc)"
+    local cores i parent="$BASHPID" # read here: in the background command below it would
+    cores="$(nproc)"                #   be the child's own pid
     CPU_HOGS=()
     for ((i = 0; i < cores; i++)); do
         # The parent's pid is passed, not read at start: a parent killed while Python
@@ -77,11 +77,29 @@ parent = int(sys.argv[1])
 while os.getppid() == parent:
     for _ in range(100000):
         pass
-' "$BASHPID" &
+' "$parent" &
         CPU_HOGS+=("$!")
     done
-    trap 'kill "${CPU_HOGS[@]}" 2>/dev/null || true' EXIT
+    CPU_HOGS_STARTED=$SECONDS
+    trap stop_cpu_hogs EXIT
+    sleep 1
+    for i in "${CPU_HOGS[@]}"; do
+        kill -0 "$i" 2>/dev/null || { echo "error: a CPU hog of the stress mode did not start" >&2; exit 1; }
+    done
     log "Stress mode: $cores CPU hogs (a busy loop per core, normal priority) for the whole run"
+}
+
+# stop_cpu_hogs: stops the hogs and says how much CPU they took, so that a stress run shows it
+# was one (CPU seconds from /proc, the 14th and 15th fields of stat: user and system ticks).
+stop_cpu_hogs() {
+    local pid ticks=0 fields
+    for pid in "${CPU_HOGS[@]}"; do
+        if fields="$(cut -d' ' -f14,15 "/proc/$pid/stat" 2>/dev/null)"; then
+            ticks=$((ticks + ${fields% *} + ${fields#* }))
+        fi
+        kill "$pid" 2>/dev/null || true
+    done
+    log "Stress mode: the hogs took $((ticks / $(getconf CLK_TCK))) CPU seconds in $((SECONDS - CPU_HOGS_STARTED)) s"
 }
 
 # shlib_depends [-lDIR] FILE...: the Depends line that the ELF files need, as dpkg-shlibdeps
