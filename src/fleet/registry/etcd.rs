@@ -68,9 +68,12 @@ pub struct EtcdRegistry {
     /// The free id this client saw first in `order`, under which fleet record (its mod
     /// revision), and since when (see [`EtcdRegistry::free_wait_ms`]).
     seen_free: Option<(u8, i64, std::time::Instant)>,
-    /// This client's last write of an id's marks: (datacenter, worker, revision). See
-    /// [`EtcdRegistry::own_write_lost`].
-    last_write: Option<(u8, u8, i64)>,
+    /// This client's last write of an id's marks: (datacenter, worker, revision, when the
+    /// step that wrote it began). See [`EtcdRegistry::own_write_lost`] and
+    /// [`EtcdRegistry::may_rebind`].
+    last_write: Option<(u8, u8, i64, std::time::Instant)>,
+    /// When the current step began.
+    step_began: std::time::Instant,
 }
 
 /// One consistent read of the datacenter's keys.
@@ -219,6 +222,7 @@ impl EtcdRegistry {
             highest_revision: 0,
             seen_free: None,
             last_write: None,
+            step_began: std::time::Instant::now(),
         })
     }
 
@@ -251,8 +255,46 @@ impl EtcdRegistry {
     /// servers have written since.
     fn own_write_lost(&self, datacenter_id: u8, snapshot: &Snapshot) -> bool {
         match self.last_write {
-            Some((dc, w, revision)) if dc == datacenter_id => snapshot.marks(w).1 < revision,
+            Some((dc, w, revision, _)) if dc == datacenter_id => snapshot.marks(w).1 < revision,
             _ => false,
+        }
+    }
+
+    /// Whether this holder may bind its claim of `w` to a new lease, the claim key having
+    /// vanished while the holder's fence holds. etcd (3.4.23, Debian 12's, among others)
+    /// lets a leader that was stalled (frozen, or starved of CPU) for longer than a lease's
+    /// TTL revoke, once it runs again, the leases it believes expired: it has not seen the
+    /// renewals that the members which elected a new leader meanwhile took, and its
+    /// revocation is forwarded to that leader and applied (etcd issues 12528 and 15247,
+    /// fixed upstream by etcd's pull request 16822, backported to 3.4 and 3.5). The claim
+    /// is then gone although its holder renewed it in time.
+    ///
+    /// Taking it back is safe when nobody can have got the id since: its marks key is still
+    /// at this client's last write (every grant, to any server, rewrites it, and the
+    /// transaction that binds the claim again compares it), under the fleet record of that
+    /// write. A restore from a snapshot could bring the marks back to that write after
+    /// another server was granted the id in the lost revisions; but that server saw the id
+    /// free, after this client's write, for the fence's reach plus a request's time limit
+    /// before it took it (see [`Self::free_wait_ms`]). So the binding transaction must be
+    /// sent within the fence's reach of the start of the step that made the last write:
+    /// before anyone else can have taken the id.
+    fn may_rebind(
+        &self,
+        request: &ClaimRequest<'_>,
+        w: u8,
+        fleet_seen: i64,
+        marks_revision: i64,
+    ) -> bool {
+        let reach = Duration::from_millis(request.timing().fence_reach_ms());
+        match self.last_write {
+            Some((dc, lw, revision, began)) => {
+                dc == request.datacenter_id
+                    && lw == w
+                    && revision == marks_revision
+                    && fleet_seen < revision
+                    && began.elapsed() < reach
+            }
+            None => false,
         }
     }
 
@@ -345,9 +387,13 @@ impl EtcdRegistry {
         RegistryError(format!("etcd member {}: {e}", self.endpoint()))
     }
 
-    /// Reads the registry's clock: the member's HTTP `Date` header. A member that refuses
-    /// or fails is left for the next at once (its gRPC connection with it), as long as the
-    /// step has time left: the first request of a step finds a dead member, not a renewal.
+    /// Reads the registry's clock: the member's HTTP `Date` header. A member that refuses,
+    /// fails or does not answer within the time limit is left for the next at once (its
+    /// gRPC connection with it), as long as the step has time left for one more: the first
+    /// request of a step finds a dead or frozen member, not a renewal. So a frozen member
+    /// costs a renewal one request's time limit (`claim_ttl / 5`): a failed step instead,
+    /// and its retry half a heartbeat later, used up the whole fence (heartbeat, time limit
+    /// and half a heartbeat are `claim_ttl / 2`).
     fn clock(&mut self) -> Result<Clock> {
         let began = std::time::Instant::now();
         let mut attempts = 0;
@@ -359,7 +405,9 @@ impl EtcdRegistry {
                     self.client = None;
                     self.current = (self.current + 1) % self.endpoints.len();
                     attempts += 1;
-                    if attempts >= self.endpoints.len() || began.elapsed() >= self.timeout / 2 {
+                    if attempts >= self.endpoints.len()
+                        || began.elapsed() >= self.timeout + self.timeout / 2
+                    {
                         return Err(e);
                     }
                 }
@@ -572,26 +620,54 @@ impl EtcdRegistry {
     /// Runs one step (a claim or a renewal): `decide` acts on a fresh snapshot, the fleet
     /// record and the record's mod revision. It returns None when its write raced another
     /// server's: the step starts over on a new snapshot, up to `ATTEMPTS` times.
+    ///
+    /// A request that failed or did not answer within the time limit left its member for
+    /// the next (see `call`): the step starts over there at once, once, while it has time
+    /// for a request more, rather than fail and be retried half a heartbeat later (see
+    /// `clock`: a member frozen in the middle of a step would use up the fence). Starting
+    /// over is safe: every write compares what a fresh snapshot read, and one that timed
+    /// out but still took effect only makes a compare fail (and `may_rebind` refuse).
     fn step<R: StepReply>(
         &mut self,
         request: &ClaimRequest<'_>,
         mut decide: impl FnMut(&mut Self, Snapshot, FleetRecord, i64, &Observed) -> Result<Option<R>>,
     ) -> Result<(R, Observed)> {
-        for _ in 0..ATTEMPTS {
-            let (begun, observed) = self.begin(request)?;
-            let reply = match begun {
-                Begun::Epoch(e) => R::other_epoch(e)?,
-                Begun::Rejected(age) => R::rejected(age),
-                Begun::Ready(r) => {
-                    match decide(self, r.snapshot, r.record, r.fleet_seen, &observed)? {
-                        Some(reply) => reply,
-                        None => continue,
-                    }
+        self.step_began = std::time::Instant::now();
+        let mut moved_on = false;
+        let mut attempts = 0;
+        while attempts < ATTEMPTS {
+            match self.attempt(request, &mut decide) {
+                Ok(Some(done)) => return Ok(done),
+                Ok(None) => attempts += 1,
+                Err(_)
+                    if !moved_on
+                        && self.client.is_none()
+                        && self.step_began.elapsed() < self.timeout + self.timeout / 2 =>
+                {
+                    moved_on = true;
                 }
-            };
-            return Ok((reply, observed));
+                Err(e) => return Err(e),
+            }
         }
         Err(self.contended())
+    }
+
+    /// One attempt of a step: None if its write raced another server's.
+    fn attempt<R: StepReply>(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        decide: &mut impl FnMut(&mut Self, Snapshot, FleetRecord, i64, &Observed) -> Result<Option<R>>,
+    ) -> Result<Option<(R, Observed)>> {
+        let (begun, observed) = self.begin(request)?;
+        let reply = match begun {
+            Begun::Epoch(e) => R::other_epoch(e)?,
+            Begun::Rejected(age) => R::rejected(age),
+            Begun::Ready(r) => match decide(self, r.snapshot, r.record, r.fleet_seen, &observed)? {
+                Some(reply) => reply,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((reply, observed)))
     }
 
     fn contended(&self) -> RegistryError {
@@ -684,7 +760,7 @@ impl EtcdRegistry {
         let response = self.call(|c| Box::pin(c.txn(txn)))?;
         if response.succeeded() {
             if let Some(h) = response.header() {
-                self.last_write = Some((dc, w, h.revision()));
+                self.last_write = Some((dc, w, h.revision(), self.step_began));
             }
             self.seen_free = None;
         }
@@ -709,6 +785,35 @@ impl EtcdRegistry {
             marks,
             Some(floor),
         );
+        if !matches!(held, Ok(true)) {
+            self.revoke_lease(lease);
+        }
+        held
+    }
+
+    /// Binds this holder's vanished claim of `w` to a new lease, keeping its floor (see
+    /// [`Self::may_rebind`]); false if the snapshot changed or the time to do it ran out
+    /// while the lease was granted.
+    fn rebind(
+        &mut self,
+        request: &ClaimRequest<'_>,
+        w: u8,
+        fleet_seen: i64,
+        marks: (Marks, i64),
+    ) -> Result<bool> {
+        let lease = self.grant_lease(request.ttl_ms)?;
+        let held = if self.may_rebind(request, w, fleet_seen, marks.1) {
+            self.hold(
+                request,
+                w,
+                HoldClaim::New { lease },
+                fleet_seen,
+                marks,
+                None,
+            )
+        } else {
+            Ok(false)
+        };
         if !matches!(held, Ok(true)) {
             self.revoke_lease(lease);
         }
@@ -897,6 +1002,13 @@ impl Registry for EtcdRegistry {
                     )?
                 }
                 None if reassert => this.hold_new(request, worker_id, fleet_seen, marks, None)?,
+                // Gone although nobody got the id since this holder's last write, and its
+                // fence holds: etcd revoked the lease by itself (see `may_rebind`).
+                None if reassert_known_born.is_some()
+                    && this.may_rebind(request, worker_id, fleet_seen, marks.1) =>
+                {
+                    this.rebind(request, worker_id, fleet_seen, marks)?
+                }
                 Some((_, token, _, _)) => {
                     return Ok(Some(RenewReply::Lost {
                         holder: Some(token.clone()),
@@ -915,6 +1027,7 @@ impl Registry for EtcdRegistry {
         token: &str,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
+        self.step_began = std::time::Instant::now();
         for _ in 0..ATTEMPTS {
             let (snapshot, _) = self.snapshot(datacenter_id)?;
             let Some((_, holder, lease, mod_revision)) = snapshot.claim(worker_id).cloned() else {
@@ -939,7 +1052,8 @@ impl Registry for EtcdRegistry {
             let response = self.call(|c| Box::pin(c.txn(txn)))?;
             if response.succeeded() {
                 if let Some(h) = response.header() {
-                    self.last_write = Some((datacenter_id, worker_id, h.revision()));
+                    self.last_write =
+                        Some((datacenter_id, worker_id, h.revision(), self.step_began));
                 }
                 self.revoke_lease(lease);
                 return Ok(());
@@ -952,5 +1066,58 @@ impl Registry for EtcdRegistry {
         self.credentials
             .as_ref()
             .map(|(_, password)| password.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> EtcdRegistry {
+        let options = Options {
+            timeout: Duration::from_millis(2_000),
+            ca_file: None,
+            password_file: None,
+        };
+        match EtcdRegistry::new("etcd://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", &options) {
+            Ok(r) => r,
+            Err(e) => panic!("{}", e.0),
+        }
+    }
+
+    fn request(datacenter_id: u8) -> ClaimRequest<'static> {
+        ClaimRequest {
+            datacenter_id,
+            order: &[0, 1],
+            token: "t",
+            ttl_ms: 10_000,
+            sent_unix_ms: 0,
+            cap_unix_ms: 5_000,
+            epoch_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_vanished_claim_is_bound_again_only_if_nobody_can_have_got_it() {
+        let mut r = registry();
+        let now = std::time::Instant::now();
+        // Nothing written by this client: never.
+        assert!(!r.may_rebind(&request(1), 0, 10, 20));
+        r.last_write = Some((1, 0, 20, now));
+        assert!(r.may_rebind(&request(1), 0, 10, 20));
+        // The marks moved on (another server's grant, or a write of ours that timed out).
+        assert!(!r.may_rebind(&request(1), 0, 10, 21));
+        // Back to an older copy of the store.
+        assert!(!r.may_rebind(&request(1), 0, 10, 19));
+        // Another id, another datacenter.
+        assert!(!r.may_rebind(&request(1), 1, 10, 20));
+        assert!(!r.may_rebind(&request(2), 0, 10, 20));
+        // A fleet record written since (a new incarnation).
+        assert!(!r.may_rebind(&request(1), 0, 25, 20));
+        // Past the fence's reach (ttl / 2) of the step that wrote.
+        if let Some(long_ago) = now.checked_sub(Duration::from_millis(5_000)) {
+            r.last_write = Some((1, 0, 20, long_ago));
+            assert!(!r.may_rebind(&request(1), 0, 10, 20));
+        }
     }
 }
