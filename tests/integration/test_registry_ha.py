@@ -38,7 +38,8 @@ import urllib.request
 
 import psycopg
 
-from harness import BASE, PG_MAJOR, Cluster, wait_until
+from harness import (BASE, HANG_GUARD, LAG_HISTORY_S, LAG_STEPS, PG_MAJOR, Cluster,
+                     liveness_bound, report_figure, scheduling_delay, wait_live, wait_until)
 from registries import (CoordinatorPair, EtcdCluster, PasswordRedis, SentinelSet, free_ports,
                         make_test_ca, write_password_file)
 
@@ -60,8 +61,6 @@ ETCD_ELECTION_MS = 500
 # that the nodes come back by themselves, so a short ttl keeps the test quick.
 SENTINEL_TTL = 4.0
 COORD_TTL = 4.0
-# Slack for a loaded 2-core machine on top of every computed bound.
-MARGIN = 3.0
 
 
 def log(msg):
@@ -152,20 +151,24 @@ def log_tail(c, n=25):
     return "\n".join(lines[-n:])
 
 
-def wait_claimed(c, timeout=30, seen=None):
-    """The worker id, once claim_status is 'held'; `seen` collects the statuses passed."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = claim_state(c)
+def wait_claimed(c, timeout=HANG_GUARD, seen=None):
+    """The worker id, once claim_status is 'held'; `seen` collects the statuses passed. A
+    wait: its timeout only guards against a hang."""
+    last = [None]
+
+    def held():
+        last[0] = claim_state(c)
         if seen is not None:
-            seen.add(last[0])
-        if last[0] == "held":
-            return last[1]
-        time.sleep(0.05)
-    e = claim_error(c)
-    raise AssertionError(f"{c.name}: no claim in {timeout} s, last {last}; snowflake_next(): "
-                         f"{e and (e.diag.message_primary, e.diag.message_detail)}\n{log_tail(c)}")
+            seen.add(last[0][0])
+        return last[0][0] == "held"
+    try:
+        wait_until(held, timeout=timeout, what=f"{c.name} to claim")
+    except AssertionError:
+        e = claim_error(c)
+        raise AssertionError(
+            f"{c.name}: no claim in {timeout} s, last {last[0]}; snowflake_next(): "
+            f"{e and (e.diag.message_primary, e.diag.message_detail)}\n{log_tail(c)}") from None
+    return last[0][1]
 
 
 class StatusWatcher(threading.Thread):
@@ -198,27 +201,34 @@ class StatusWatcher(threading.Thread):
         if conn is not None:
             conn.close()
 
-    def wait_held(self, timeout):
-        wait_until(lambda: self.held_at is not None, timeout=timeout,
-                   what=f"{self.cluster.name} to claim (statuses {sorted(self.seen)})")
+    def wait_held(self, settings_s, since):
+        """Liveness: the node claims within liveness_bound(settings_s) of `since`."""
+        wait_live(lambda: self.held_at is not None, settings_s, since,
+                  what=f"{self.cluster.name} to claim (statuses {sorted(self.seen)})")
         self.stop_event.set()
         return self.worker_id
 
 
-def wait_claim_error(c, accept, timeout=20):
+def wait_claim_error(c, accept, timeout=HANG_GUARD):
     """Waits until snowflake_next() fails with an error whose text satisfies `accept`;
-    returns it (fails with the last error seen)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+    returns it (fails with the last error seen). A wait: its timeout guards against a hang."""
+    last = [None, None]
+
+    def matching():
         e = claim_error(c)
         if e is not None:
-            last = e
+            last[0] = e
             if accept(error_text(e)):
-                return e
-        time.sleep(0.1)
-    raise AssertionError(f"{c.name}: no matching claim error in {timeout} s; last: "
-                         f"{last and error_text(last)}; status {claim_state(c)}\n{log_tail(c)}")
+                last[1] = e
+                return True
+        return False
+    try:
+        wait_until(matching, timeout=timeout, what=f"{c.name}: a matching claim error")
+    except AssertionError:
+        raise AssertionError(f"{c.name}: no matching claim error in {timeout} s; last: "
+                             f"{last[0] and error_text(last[0])}; status {claim_state(c)}\n"
+                             f"{log_tail(c)}") from None
+    return last[1]
 
 
 def error_text(e):
@@ -311,13 +321,13 @@ class Writer(threading.Thread):
         if conn is not None:
             conn.close()
 
-    def running(self, n=500, timeout=30):
+    def running(self, n=500, timeout=HANG_GUARD):
         wait_until(lambda: len(self.got) >= n, timeout=timeout,
                    what=f"{n} IDs from {self.cluster.name}")
 
     def finish(self):
         self.stop_event.set()
-        self.join(timeout=30)
+        self.join(timeout=HANG_GUARD)
 
     def errors_since(self, t):
         return [e for e in self.errors if e[0] >= t]
@@ -572,20 +582,21 @@ class HABase(unittest.TestCase):
         self.assertEqual(dup, [], f"{len(dup)} duplicate IDs {context}; first: "
                                   f"{[(d, decode(d)) for d in dup[:5]]}")
 
-    def wait_resumed(self, writers, since, bound, what, outage=0.0):
-        """Waits (up to `bound` seconds after `since`) until every writer issues again after
-        its last error, and no error can still be on its way: past `outage` (how long the
-        registry was away) plus a fence (ttl/2) plus a heartbeat, every claim granted before
-        the fault has been renewed or has lapsed. Then one more second without an error.
-        Returns each writer's resume time (0: it had no error)."""
+    def wait_resumed(self, writers, since, settings_s, what, outage=0.0):
+        """Liveness: every writer issues again after its last error within
+        liveness_bound(settings_s) of `since` (the settings' allowance, the margin and the
+        scheduling delay measured in the run), and no error can still be on its way: past
+        `outage` (how long the registry was away) plus a fence (ttl/2) plus a heartbeat,
+        every claim granted before the fault has been renewed or has lapsed. Then one more
+        second without an error. Returns each writer's resume time (0: it had no error)."""
         judged_from = since + outage + self.TTL / 2 + self.TTL / 5
 
         def done():
             return time.monotonic() >= judged_from and all(w.resumed(since) for w in writers)
         try:
-            wait_until(done, timeout=max(0.1, since + bound - time.monotonic()), what=what)
-        except AssertionError:
-            raise AssertionError(f"{what}: not resumed within {bound:.1f} s: "
+            wait_live(done, settings_s, since, what=what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: "
                                  + "; ".join(w.summary(since) for w in writers) + "\n"
                                  + "\n".join(log_tail(w.cluster) for w in writers)) from None
         settled = time.monotonic()
@@ -633,7 +644,7 @@ def two_holders(bundle, uri, ttl, prefix, newcomer):
     started when `newcomer` (else None)."""
     settings = node_settings(uri, ttl)
     a, b = start_nodes(bundle, [(prefix + "a", settings), (prefix + "b", settings)])
-    wa, wb = wait_claimed(a, timeout=2 * ttl + 20), wait_claimed(b, timeout=2 * ttl + 20)
+    wa, wb = wait_claimed(a), wait_claimed(b)
     assert wa != wb, (wa, wb)
     return a, b, (init_node(bundle, prefix + "c", settings) if newcomer else None)
 
@@ -646,7 +657,7 @@ def two_holders_and_a_waiter(bundle, uri, ttl, prefix):
 
     def holders():
         return [n for n in nodes if claim_state(n)[0] == "held"]
-    wait_until(lambda: len(holders()) == 2, timeout=2 * ttl + 20,
+    wait_until(lambda: len(holders()) == 2, timeout=HANG_GUARD,
                what="two of the three nodes holding the two free ids")
     a, b = holders()
     (c,) = [n for n in nodes if n not in (a, b)]
@@ -660,7 +671,7 @@ def tls_nodes(bundle, uri, ttl):
         ("tlsok", node_settings(uri, ttl, snowflake__registry_ca_file=ca.ca)),
         ("tlsbad", node_settings(uri, ttl, snowflake__registry_ca_file=ca.wrong_ca)),
     ])
-    wait_claimed(right, timeout=2 * ttl + 20)
+    wait_claimed(right)
     return right, wrong
 
 
@@ -720,7 +731,7 @@ def etcd_auth(bundle):
     ok, ko = start_nodes(bundle, [
         ("epw", node_settings(uri, ETCD_TTL, snowflake__registry_password_file=good)),
         ("epwbad", node_settings(uri, ETCD_TTL, snowflake__registry_password_file=bad))])
-    wait_claimed(ok, timeout=2 * ETCD_TTL + 20)
+    wait_claimed(ok)
     return etcd, ok, ko
 
 
@@ -740,14 +751,33 @@ class EtcdRegistry(HABase):
         ports = connected_ports([p for p in pids if p])
         return {i: ports.get(p, 0) for i, p in enumerate(etcd.client_ports)}
 
-    def assert_no_error(self, writers, since, until, what):
-        for w in writers:
-            self.assertFalse(w.errors_since(since),
-                             f"{what}: {w.summary(since)}\n{log_tail(w.cluster)}")
-            gap = w.max_gap(since, until)
-            log(f"{what}: {w.cluster.name}: {len(w.got)} IDs, longest gap {gap:.2f} s")
-            self.assertLess(gap, self.TTL / 5,
+    def assert_no_error(self, writers, since, until, what, slack_s, detail=""):
+        """"No error while one member is lost" (docs/registries.md#etcd) is liveness: it
+        rests on each holder completing a renewal within its fence, which leaves `slack_s`
+        for the election and the machine's delays. So it is asserted (no error at all, no
+        pause longer than a heartbeat plus the delays) when the scheduling delay measured
+        over the interval kept within that slack (LAG_STEPS times it below `slack_s`), and
+        otherwise only reported as a figure, the run's delay beside it. Always asserted: a
+        node that fails a call refuses with 55000, nothing else. Returns whether the run
+        kept within the slack (the no-error promise was asserted)."""
+        lag = scheduling_delay(since - LAG_HISTORY_S, until)
+        scheduled = LAG_STEPS * lag < slack_s
+        errors = [e for w in writers for e in w.errors_since(since) if e[0] <= until]
+        gaps = [round(w.max_gap(since, until), 2) for w in writers]
+        report_figure(what, f"{len(errors)} errors, longest pauses {gaps} s, "
+                      f"{sum(len(w.got) for w in writers)} IDs; scheduling delay {lag:.3f} s "
+                      f"({'within' if scheduled else 'beyond'} the {slack_s:.1f} s slack: "
+                      f"{'asserted' if scheduled else 'not asserted'}){detail}")
+        summaries = "; ".join(w.summary(since) for w in writers)
+        self.assertEqual({e[1] for e in errors} - {"55000"}, set(), f"{what}: {summaries}")
+        if not scheduled:
+            return False
+        self.assertEqual(errors, [], f"{what}: {summaries}\n"
+                         + "\n".join(log_tail(w.cluster) for w in writers))
+        for w, gap in zip(writers, gaps):
+            self.assertLess(gap, self.TTL / 5 + LAG_STEPS * lag,
                             f"{what}: {w.cluster.name} issued nothing for {gap:.2f} s")
+        return True
 
     def member_in_use(self, etcd, nodes):
         """The member the nodes' registry workers talk to (most connections), made the
@@ -766,18 +796,22 @@ class EtcdRegistry(HABase):
         leader, in_use = self.member_in_use(etcd, [a, b])
         etcd.kill(leader)
         killed_at = time.monotonic()
-        wait_until(lambda: etcd.leader(check=False) not in (None, leader), timeout=15,
+        wait_until(lambda: etcd.leader(check=False) not in (None, leader), timeout=HANG_GUARD,
                    what="a new etcd leader")
-        log(f"leader m{leader} killed (node connections per member {in_use}); new leader "
-            f"m{etcd.leader()} after {time.monotonic() - killed_at:.2f} s")
-        # A holder that could not renew stops ttl/2 after its last renewal began: watch
-        # past that plus the election and a margin.
-        time.sleep(max(0.0, killed_at + self.TTL / 2 + 1 + MARGIN - time.monotonic()))
+        election = time.monotonic() - killed_at
+        # Real time passes (scenario): a holder that could not renew stops ttl/2 after its
+        # last renewal began; watch past that, a heartbeat and the election.
+        time.sleep(max(0.0, killed_at + self.TTL / 2 + self.TTL / 5 + election - time.monotonic()))
         etcd.restart(leader)
         time.sleep(1.0)
         until = time.monotonic()
         self.stop_writers(wa, wb)
-        self.assert_no_error([wa, wb], killed_at, until, "etcd leader SIGKILL")
+        # The refused connection moves a renewal to the next member at once: the renewal
+        # due a heartbeat after the last one has the rest of the fence for the election.
+        self.assert_no_error([wa, wb], killed_at, until, "etcd leader SIGKILL",
+                             slack_s=self.TTL / 2 - self.TTL / 5 - election,
+                             detail=f"; new leader after {election:.2f} s (node connections "
+                                    f"per member {in_use})")
         self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
         self.assert_no_duplicates(wa.got, wb.got)
 
@@ -811,7 +845,7 @@ class EtcdRegistry(HABase):
         finally:
             etcd.cont(victim)
         cont_at = time.monotonic()
-        etcd.wait_healthy(timeout=20)
+        etcd.wait_healthy(timeout=HANG_GUARD)
         # Real time passes (not a wait for a state): past a fence and a heartbeat after the
         # member woke, every claim it revoked has been bound again or lost, and a holder
         # that lost it has fenced.
@@ -830,8 +864,9 @@ class EtcdRegistry(HABase):
         # A holder renews within a heartbeat plus a time limit, and binds its claim again
         # only within its fence (ttl/2) of its last renewal: later, it has lost it.
         try:
-            wait_until(rebound, timeout=self.TTL / 2 + MARGIN,
-                       what="both holders' claims bound to new leases")
+            # A wait (a holder that lost its claim instead claims its id again later);
+            # how long it took is asserted below when the run kept within the slack.
+            wait_until(rebound, what="both holders' claims bound to new leases")
         except AssertionError as e:
             raise AssertionError(f"{e}: {etcd_claim_leases(etcd)} (revoked {leases}); "
                                  + "; ".join(w.summary(stopped_at) for w in (wa, wb))) from None
@@ -840,18 +875,20 @@ class EtcdRegistry(HABase):
         time.sleep(max(0.0, revoked_at + self.TTL / 2 + self.TTL / 5 - time.monotonic()))
         until = time.monotonic()
         self.stop_writers(wa, wb)
-        errors = [e for w in (wa, wb) for e in w.errors_since(stopped_at) if e[0] <= until]
-        gaps = [round(w.max_gap(stopped_at, until), 2) for w in (wa, wb)]
-        log(f"leader m{victim} SIGSTOPped for {cont_at - stopped_at:.1f} s (node connections "
-            f"per member {in_use} before, {moved} while it was stopped); woken, it revoked "
-            f"{by_woken:.0f} lease(s) itself; the holders' {len(leases)} leases revoked "
-            f"then, bound again after {rebound_after:.2f} s; {len(errors)} errors; longest "
-            f"gaps {gaps} s")
-        self.assertEqual(len(errors), 0, "etcd member SIGSTOP, then leases revoked: "
-                         + "; ".join(w.summary(stopped_at) for w in (wa, wb)) + "\n"
-                         + "\n".join(log_tail(w.cluster) for w in (wa, wb)))
-        self.assertEqual([claim_state(a), claim_state(b)], held_before)
+        # The frozen member holds the first request of a renewal for its time limit (ttl/5)
+        # and the client moves on within the same step: ttl/10 of the fence is left.
+        scheduled = self.assert_no_error(
+            [wa, wb], stopped_at, until, "etcd member SIGSTOP, then leases revoked",
+            slack_s=self.TTL / 10,
+            detail=f"; leader m{victim} stopped {cont_at - stopped_at:.1f} s (node connections "
+                   f"per member {in_use} before, {moved} meanwhile); woken, it revoked "
+                   f"{by_woken:.0f} lease(s) itself; the holders' {len(leases)} leases revoked "
+                   f"then, bound again after {rebound_after:.2f} s")
         self.assert_no_duplicates(wa.got, wb.got)
+        if scheduled:
+            self.assertLess(rebound_after, liveness_bound(self.TTL / 2, revoked_at,
+                                                          revoked_at + rebound_after))
+            self.assertEqual([claim_state(a), claim_state(b)], held_before)
 
     def test_cluster_restarted_empty_settles_and_resumes(self):
         """Every member killed and its data deleted, a new empty cluster on the same ports.
@@ -868,20 +905,21 @@ class EtcdRegistry(HABase):
         # Bound: the cluster back; one ttl of settling from when the registry noticed (the
         # first request after it is back: within a heartbeat); a holder whose claim the
         # wipe lost then waits as for a free id after a loss (ttl/2 + ttl/5), from its first
-        # request after the settle (within a heartbeat); a heartbeat; the margin. (Without
-        # the free-id wait, a loaded machine exceeded it: issue 36; with it, the test
-        # command's run measured 23.0 s of 26.5 s before the second heartbeat was counted.)
-        bound = back + self.TTL + self.TTL / 2 + 4 * self.TTL / 5 + MARGIN
-        resumed = self.wait_resumed([wa, wb], wiped_at, bound, "etcd restarted empty",
+        # request after the settle (within a heartbeat); a heartbeat; then the margin and
+        # the measured scheduling delay (liveness_bound). (Without the free-id wait, a loaded
+        # machine exceeded it: issue 36.)
+        settings = back + self.TTL + self.TTL / 2 + 4 * self.TTL / 5
+        resumed = self.wait_resumed([wa, wb], wiped_at, settings, "etcd restarted empty",
                                     outage=back)
-        wc = watch.wait_held(timeout=max(1.0, wiped_at + bound - time.monotonic()))
+        wc = watch.wait_held(settings, wiped_at)
+        bound = liveness_bound(settings, wiped_at)
         seen = watch.seen
         claimed_after = watch.held_at - wiped_at
         wn = self.writing(c)[0]
         time.sleep(1.0)
         self.stop_writers(wa, wb, wn)
         after = (claim_state(a)[1], claim_state(b)[1])
-        log(f"etcd back empty after {back:.2f} s; holders resumed after {resumed} s (bound "
+        report_figure("etcd restarted empty", f"back after {back:.2f} s; holders resumed after {resumed} s (bound "
             f"{bound:.1f} s), worker ids {before} -> {after}; newcomer got {wc} after "
             f"{claimed_after:.1f} s, statuses {sorted(seen)}; "
             + "; ".join(w.summary(wiped_at) for w in (wa, wb)))
@@ -908,15 +946,15 @@ class EtcdRegistry(HABase):
         b_worker = registry_worker_pid(b)
         os.kill(b_worker, signal.SIGSTOP)
         try:
-            wait_until(lambda: claim_state(c)[0] == "held", timeout=3 * ttl + 10,
+            wait_until(lambda: claim_state(c)[0] == "held", timeout=HANG_GUARD,
                        what="C takes the id B's frozen worker let lapse")
         finally:
             os.kill(b_worker, signal.SIGCONT)
-        wait_until(lambda: claim_state(b)[0] != "held", timeout=2 * ttl,
+        wait_until(lambda: claim_state(b)[0] != "held", timeout=HANG_GUARD,
                    what="B, thawed, finds its claim gone")
         expires = c.one("SELECT claim_expires_at FROM snowflake_stats()")
         wait_until(lambda: c.one("SELECT claim_expires_at FROM snowflake_stats()") != expires,
-                   timeout=2 * ttl, what="a renewal of C")
+                   timeout=HANG_GUARD, what="a renewal of C")
         c_worker = registry_worker_pid(c)
         os.kill(c_worker, signal.SIGSTOP)
         try:
@@ -1000,21 +1038,22 @@ class SentinelRegistry(HABase):
         wa, wb = self.writing(a, b)
         old = s.kill_master()
         killed_at = time.monotonic()
-        new = s.wait_failover(old, timeout=30)
+        new = s.wait_failover(old, timeout=HANG_GUARD)
         failover = time.monotonic() - killed_at
         up(c)
         watch = StatusWatcher(c)
-        bound = failover + self.TTL + 3 * self.TTL / 10 + MARGIN
-        resumed = self.wait_resumed([wa, wb], killed_at, bound, "Sentinel failover",
+        settings = failover + self.TTL + 3 * self.TTL / 10
+        resumed = self.wait_resumed([wa, wb], killed_at, settings, "Sentinel failover",
                                     outage=failover)
-        wc = watch.wait_held(timeout=max(1.0, killed_at + bound - time.monotonic()))
+        wc = watch.wait_held(settings, killed_at)
+        bound = liveness_bound(settings, killed_at)
         seen = watch.seen
         s.restart_killed()  # the old master returns, empty, as a replica
         wn = self.writing(c)[0]
         rejoined = time.monotonic()
         time.sleep(1.0)
         self.stop_writers(wa, wb, wn)
-        log(f"master {old} killed; Sentinels promoted {new} after {failover:.2f} s; nodes "
+        report_figure("Sentinel failover", f"master {old} killed; Sentinels promoted {new} after {failover:.2f} s; nodes "
             f"resumed after {resumed} s (bound {bound:.1f} s); newcomer claimed after "
             f"{watch.held_at - killed_at:.1f} s, statuses {sorted(seen)}; "
             + "; ".join(w.summary(killed_at) for w in (wa, wb)))
@@ -1109,11 +1148,11 @@ class RedisRestored(HABase):
         waiting.start()
         self.writers.append(waiting)
         for _ in range(10):
-            wait_until(lambda: claim_state(b)[0] == "held", timeout=4 * ttl, what="B holding")
+            wait_until(lambda: claim_state(b)[0] == "held", timeout=HANG_GUARD, what="B holding")
             w_b = claim_state(b)[1]
             expires = b.one("SELECT claim_expires_at FROM snowflake_stats()")
             wait_until(lambda: b.one("SELECT claim_expires_at FROM snowflake_stats()") != expires,
-                       timeout=2 * ttl, what="a renewal of B")
+                       timeout=HANG_GUARD, what="a renewal of B")
             copy = r.save_copy()
             os.kill(registry_worker_pid(b), signal.SIGTERM)
             time.sleep(ttl / 2 + 0.5)
@@ -1124,7 +1163,7 @@ class RedisRestored(HABase):
             self.skipTest("C never took B's released id before B's worker took it back")
         expires = c.one("SELECT claim_expires_at FROM snowflake_stats()")
         wait_until(lambda: c.one("SELECT claim_expires_at FROM snowflake_stats()") != expires,
-                   timeout=2 * ttl, what="a renewal of C")
+                   timeout=HANG_GUARD, what="a renewal of C")
         c_worker = registry_worker_pid(c)
         os.kill(c_worker, signal.SIGSTOP)
         try:
@@ -1232,15 +1271,16 @@ class CoordinatorFailover(HABase):
         took = pair.fail_over()
         up(c)
         watch = StatusWatcher(c)
-        bound = took + self.TTL + 3 * self.TTL / 10 + MARGIN
-        resumed = self.wait_resumed([wa, wb], killed_at, bound, "coordinator failover",
+        settings = took + self.TTL + 3 * self.TTL / 10
+        resumed = self.wait_resumed([wa, wb], killed_at, settings, "coordinator failover",
                                     outage=took)
-        wc = watch.wait_held(timeout=max(1.0, killed_at + bound - time.monotonic()))
+        wc = watch.wait_held(settings, killed_at)
+        bound = liveness_bound(settings, killed_at)
         seen = watch.seen
         wn = self.writing(c)[0]
         time.sleep(1.0)
         self.stop_writers(wa, wb, wn)
-        log(f"coordinator failed over in {took:.2f} s; nodes resumed after {resumed} s (bound "
+        report_figure("coordinator failover", f"failed over in {took:.2f} s; nodes resumed after {resumed} s (bound "
             f"{bound:.1f} s); newcomer claimed after {watch.held_at - killed_at:.1f} s, "
             f"statuses {sorted(seen)}; "
             + "; ".join(w.summary(killed_at) for w in (wa, wb)))
