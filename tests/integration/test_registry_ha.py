@@ -22,9 +22,7 @@ the suite runs on one major per test command (SNOWFLAKE_REGISTRY_HA_MAJOR, 16 by
 chaos campaign takes 15 and the Patroni suite 17, and the four majors' suites run at once).
 """
 
-import base64
 import grp
-import json
 import os
 import shutil
 import signal
@@ -257,14 +255,6 @@ def etcd_counter(etcd, i, name):
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
-
-
-def etcd_claim_leases(etcd):
-    """{claim key: lease id} of the datacenter's claims."""
-    prefix = f"{etcd.prefix or '/snowflake'}/claim/{DC}/"
-    r = etcd.etcdctl("get", "--prefix", prefix, json_out=True)
-    kvs = json.loads(r.stdout).get("kvs", [])
-    return {base64.b64decode(kv["key"]).decode(): int(kv.get("lease", 0)) for kv in kvs}
 
 
 def connected_ports(pids):
@@ -751,22 +741,24 @@ class EtcdRegistry(HABase):
         ports = connected_ports([p for p in pids if p])
         return {i: ports.get(p, 0) for i, p in enumerate(etcd.client_ports)}
 
-    def assert_no_error(self, writers, since, until, what, slack_s, detail=""):
+    def assert_no_error(self, writers, since, until, what, slack_s, detail="", broken_by=None):
         """"No error while one member is lost" (docs/registries.md#etcd) is liveness: it
         rests on each holder completing a renewal within its fence, which leaves `slack_s`
         for the election and the machine's delays. So it is asserted (no error at all, no
         pause longer than a heartbeat plus the delays) when the scheduling delay measured
-        over the interval kept within that slack (LAG_STEPS times it below `slack_s`), and
-        otherwise only reported as a figure, the run's delay beside it. Always asserted: a
+        over the interval kept within that slack (LAG_STEPS times it below `slack_s`) and
+        nothing else broke the condition (`broken_by`: what did, measured by the caller),
+        and otherwise only reported as a figure, the run's delay beside it. Always asserted: a
         node that fails a call refuses with 55000, nothing else. Returns whether the run
         kept within the slack (the no-error promise was asserted)."""
         lag = scheduling_delay(since - LAG_HISTORY_S, until)
-        scheduled = LAG_STEPS * lag < slack_s
+        scheduled = LAG_STEPS * lag < slack_s and not broken_by
         errors = [e for w in writers for e in w.errors_since(since) if e[0] <= until]
         gaps = [round(w.max_gap(since, until), 2) for w in writers]
         report_figure(what, f"{len(errors)} errors, longest pauses {gaps} s, "
                       f"{sum(len(w.got) for w in writers)} IDs; scheduling delay {lag:.3f} s "
-                      f"({'within' if scheduled else 'beyond'} the {slack_s:.1f} s slack: "
+                      f"({'within' if LAG_STEPS * lag < slack_s else 'beyond'} the "
+                      f"{slack_s:.1f} s slack{'; ' + broken_by if broken_by else ''}: "
                       f"{'asserted' if scheduled else 'not asserted'}){detail}")
         summaries = "; ".join(w.summary(since) for w in writers)
         self.assertEqual({e[1] for e in errors} - {"55000"}, set(), f"{what}: {summaries}")
@@ -817,22 +809,21 @@ class EtcdRegistry(HABase):
 
     def test_member_frozen_past_the_ttl(self):
         """SIGSTOP, for longer than claim_ttl, of the leader, the member the nodes talk to
-        (their requests hang; nothing is refused), then SIGCONT; then each holder's lease
-        revoked. Woken, an etcd 3.4 ex-leader may revoke every lease it believes expired,
-        the holders' among them: it did not see the renewals the other members took, and
-        its revocation is forwarded to the new leader and applied (etcd issues 12528 and
-        15247). On a loaded machine that cost a node its claim (issue 36). A holder binds a
-        vanished claim to a new lease at its next renewal, when its id's marks are still at
-        its own last write and its fence holds; the revocations made here take that path in
-        every run, whichever way etcd's race went.
+        (their requests hang; nothing is refused), then SIGCONT.
 
-        No error at all, as for a killed leader. The condition it rests on: each holder
+        No error at all, as for a killed leader, under two conditions. Each holder
         completes a renewal within its fence, ttl/2 after the previous one began: the next
         one starts a heartbeat (ttl/5) later, the frozen member holds its first request for
         a time limit (ttl/5), and the client moves to the next member within the same
-        step, which leaves ttl/10 for the election (0.5-1 s here) and the machine's delays."""
+        step, which leaves ttl/10 for the election (0.5-1 s here) and the machine's delays.
+        And etcd's own bug does not strike: woken, an etcd 3.4 ex-leader may revoke every
+        lease it believes expired, the holders' among them (etcd issues 12528 and 15247;
+        it did in half the runs on a loaded machine, issue 36), and a holder whose claim
+        vanished has lost it (binding it again was tried, and an adversarial review got
+        duplicates from it with a restore). Either broken, the errors are a figure; always
+        asserted: no duplicate, only 55000, and both nodes issuing again within the bound
+        of a lost claim (the outage, a settle, the free-id wait, a heartbeat)."""
         etcd, a, b, _ = self.take("frozen")
-        held_before = [claim_state(a), claim_state(b)]
         wa, wb = self.writing(a, b)
         victim, in_use = self.member_in_use(etcd, [a, b])
         expired = "etcd_debugging_server_lease_expired_total"
@@ -846,49 +837,23 @@ class EtcdRegistry(HABase):
             etcd.cont(victim)
         cont_at = time.monotonic()
         etcd.wait_healthy(timeout=HANG_GUARD)
-        # Real time passes (not a wait for a state): past a fence and a heartbeat after the
-        # member woke, every claim it revoked has been bound again or lost, and a holder
-        # that lost it has fenced.
-        time.sleep(max(0.0, cont_at + self.TTL / 2 + self.TTL / 5 - time.monotonic()))
+        outage = cont_at - stopped_at
+        resumed = self.wait_resumed([wa, wb], stopped_at,
+                                    outage + self.TTL + self.TTL / 2 + 2 * self.TTL / 5,
+                                    "etcd member SIGSTOP", outage=outage)
         by_woken = etcd_counter(etcd, victim, expired) - expired_before
-        leases = etcd_claim_leases(etcd)
-        self.assertEqual(len(leases), 2, leases)
-        for lease in leases.values():
-            etcd.etcdctl("lease", "revoke", format(lease, "x"))
-        revoked_at = time.monotonic()
-        old = set(leases.values())
-
-        def rebound():
-            now = etcd_claim_leases(etcd)
-            return set(now) == set(leases) and not old & set(now.values())
-        # A holder renews within a heartbeat plus a time limit, and binds its claim again
-        # only within its fence (ttl/2) of its last renewal: later, it has lost it.
-        try:
-            # A wait (a holder that lost its claim instead claims its id again later);
-            # how long it took is asserted below when the run kept within the slack.
-            wait_until(rebound, what="both holders' claims bound to new leases")
-        except AssertionError as e:
-            raise AssertionError(f"{e}: {etcd_claim_leases(etcd)} (revoked {leases}); "
-                                 + "; ".join(w.summary(stopped_at) for w in (wa, wb))) from None
-        rebound_after = time.monotonic() - revoked_at
-        # Real time again: past the fence of the last renewal before the revocation.
-        time.sleep(max(0.0, revoked_at + self.TTL / 2 + self.TTL / 5 - time.monotonic()))
         until = time.monotonic()
         self.stop_writers(wa, wb)
         # The frozen member holds the first request of a renewal for its time limit (ttl/5)
         # and the client moves on within the same step: ttl/10 of the fence is left.
-        scheduled = self.assert_no_error(
-            [wa, wb], stopped_at, until, "etcd member SIGSTOP, then leases revoked",
-            slack_s=self.TTL / 10,
-            detail=f"; leader m{victim} stopped {cont_at - stopped_at:.1f} s (node connections "
-                   f"per member {in_use} before, {moved} meanwhile); woken, it revoked "
-                   f"{by_woken:.0f} lease(s) itself; the holders' {len(leases)} leases revoked "
-                   f"then, bound again after {rebound_after:.2f} s")
+        self.assert_no_error(
+            [wa, wb], stopped_at, until, "etcd member SIGSTOP", slack_s=self.TTL / 10,
+            broken_by=(f"the woken member revoked {by_woken:.0f} lease(s) (an etcd bug)"
+                       if by_woken else None),
+            detail=f"; leader m{victim} stopped {outage:.1f} s (node connections per member "
+                   f"{in_use} before, {moved} meanwhile); writers resumed after {resumed} s")
+        self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
         self.assert_no_duplicates(wa.got, wb.got)
-        if scheduled:
-            self.assertLess(rebound_after, liveness_bound(self.TTL / 2, revoked_at,
-                                                          revoked_at + rebound_after))
-            self.assertEqual([claim_state(a), claim_state(b)], held_before)
 
     def test_cluster_restarted_empty_settles_and_resumes(self):
         """Every member killed and its data deleted, a new empty cluster on the same ports.

@@ -68,12 +68,9 @@ pub struct EtcdRegistry {
     /// The free id this client saw first in `order`, under which fleet record (its mod
     /// revision), and since when (see [`EtcdRegistry::free_wait_ms`]).
     seen_free: Option<(u8, i64, std::time::Instant)>,
-    /// This client's last write of an id's marks: (datacenter, worker, revision, when the
-    /// step that wrote it began). See [`EtcdRegistry::own_write_lost`] and
-    /// [`EtcdRegistry::may_rebind`].
-    last_write: Option<(u8, u8, i64, std::time::Instant)>,
-    /// When the current step began.
-    step_began: std::time::Instant,
+    /// This client's last write of an id's marks: (datacenter, worker, revision). See
+    /// [`EtcdRegistry::own_write_lost`].
+    last_write: Option<(u8, u8, i64)>,
 }
 
 /// One consistent read of the datacenter's keys.
@@ -222,7 +219,6 @@ impl EtcdRegistry {
             highest_revision: 0,
             seen_free: None,
             last_write: None,
-            step_began: std::time::Instant::now(),
         })
     }
 
@@ -236,6 +232,9 @@ impl EtcdRegistry {
     /// one request's time limit: by then every id granted in lost revisions is claimed again,
     /// or the registry began anew (and settles), or its holder stopped. Own claims and
     /// renewals do not wait.
+    ///
+    /// The sighting must be unbroken: [`Self::forget_sighting_if_held`] drops it as soon as a
+    /// snapshot shows the id held.
     fn free_wait_ms(&mut self, request: &ClaimRequest<'_>, w: u8, fleet_seen: i64) -> u64 {
         let needed = request.timing().fence_reach_ms() + self.timeout.as_millis() as u64;
         match self.seen_free {
@@ -249,52 +248,28 @@ impl EtcdRegistry {
         }
     }
 
+    /// Forgets the sighting of a free id that a snapshot shows held (by anyone, or by a key
+    /// from before a loss). An id seen free, then held by another server, then free again
+    /// is waited for anew: the wait covers a holder granted it in revisions a restore lost,
+    /// whose claim began after the first sighting. (A server left waiting with every id
+    /// held kept its old sighting, and took the id the moment it came free: issue 36's
+    /// adversarial review, with a restore.)
+    fn forget_sighting_if_held(&mut self, held: &[(u8, &str)]) {
+        if let Some((w, _, _)) = self.seen_free {
+            if held.iter().any(|(h, _)| *h == w) {
+                self.seen_free = None;
+            }
+        }
+    }
+
     /// Whether the store lost this client's last write of an id's marks: the key's mod
     /// revision is below the revision of that write (revisions only rise in a store that
     /// keeps its history), so the store went back to an older copy, whatever revisions other
     /// servers have written since.
     fn own_write_lost(&self, datacenter_id: u8, snapshot: &Snapshot) -> bool {
         match self.last_write {
-            Some((dc, w, revision, _)) if dc == datacenter_id => snapshot.marks(w).1 < revision,
+            Some((dc, w, revision)) if dc == datacenter_id => snapshot.marks(w).1 < revision,
             _ => false,
-        }
-    }
-
-    /// Whether this holder may bind its claim of `w` to a new lease, the claim key having
-    /// vanished while the holder's fence holds. etcd (3.4.23, Debian 12's, among others)
-    /// lets a leader that was stalled (frozen, or starved of CPU) for longer than a lease's
-    /// TTL revoke, once it runs again, the leases it believes expired: it has not seen the
-    /// renewals that the members which elected a new leader meanwhile took, and its
-    /// revocation is forwarded to that leader and applied (etcd issues 12528 and 15247,
-    /// fixed upstream by etcd's pull request 16822, backported to 3.4 and 3.5). The claim
-    /// is then gone although its holder renewed it in time.
-    ///
-    /// Taking it back is safe when nobody can have got the id since: its marks key is still
-    /// at this client's last write (every grant, to any server, rewrites it, and the
-    /// transaction that binds the claim again compares it), under the fleet record of that
-    /// write. A restore from a snapshot could bring the marks back to that write after
-    /// another server was granted the id in the lost revisions; but that server saw the id
-    /// free, after this client's write, for the fence's reach plus a request's time limit
-    /// before it took it (see [`Self::free_wait_ms`]). So the binding transaction must be
-    /// sent within the fence's reach of the start of the step that made the last write:
-    /// before anyone else can have taken the id.
-    fn may_rebind(
-        &self,
-        request: &ClaimRequest<'_>,
-        w: u8,
-        fleet_seen: i64,
-        marks_revision: i64,
-    ) -> bool {
-        let reach = Duration::from_millis(request.timing().fence_reach_ms());
-        match self.last_write {
-            Some((dc, lw, revision, began)) => {
-                dc == request.datacenter_id
-                    && lw == w
-                    && revision == marks_revision
-                    && fleet_seen < revision
-                    && began.elapsed() < reach
-            }
-            None => false,
         }
     }
 
@@ -626,13 +601,13 @@ impl EtcdRegistry {
     /// for a request more, rather than fail and be retried half a heartbeat later (see
     /// `clock`: a member frozen in the middle of a step would use up the fence). Starting
     /// over is safe: every write compares what a fresh snapshot read, and one that timed
-    /// out but still took effect only makes a compare fail (and `may_rebind` refuse).
+    /// out but still took effect only makes a compare fail.
     fn step<R: StepReply>(
         &mut self,
         request: &ClaimRequest<'_>,
         mut decide: impl FnMut(&mut Self, Snapshot, FleetRecord, i64, &Observed) -> Result<Option<R>>,
     ) -> Result<(R, Observed)> {
-        self.step_began = std::time::Instant::now();
+        let began = std::time::Instant::now();
         let mut moved_on = false;
         let mut attempts = 0;
         while attempts < ATTEMPTS {
@@ -642,7 +617,7 @@ impl EtcdRegistry {
                 Err(_)
                     if !moved_on
                         && self.client.is_none()
-                        && self.step_began.elapsed() < self.timeout + self.timeout / 2 =>
+                        && began.elapsed() < self.timeout + self.timeout / 2 =>
                 {
                     moved_on = true;
                 }
@@ -760,7 +735,7 @@ impl EtcdRegistry {
         let response = self.call(|c| Box::pin(c.txn(txn)))?;
         if response.succeeded() {
             if let Some(h) = response.header() {
-                self.last_write = Some((dc, w, h.revision(), self.step_began));
+                self.last_write = Some((dc, w, h.revision()));
             }
             self.seen_free = None;
         }
@@ -785,35 +760,6 @@ impl EtcdRegistry {
             marks,
             Some(floor),
         );
-        if !matches!(held, Ok(true)) {
-            self.revoke_lease(lease);
-        }
-        held
-    }
-
-    /// Binds this holder's vanished claim of `w` to a new lease, keeping its floor (see
-    /// [`Self::may_rebind`]); false if the snapshot changed or the time to do it ran out
-    /// while the lease was granted.
-    fn rebind(
-        &mut self,
-        request: &ClaimRequest<'_>,
-        w: u8,
-        fleet_seen: i64,
-        marks: (Marks, i64),
-    ) -> Result<bool> {
-        let lease = self.grant_lease(request.ttl_ms)?;
-        let held = if self.may_rebind(request, w, fleet_seen, marks.1) {
-            self.hold(
-                request,
-                w,
-                HoldClaim::New { lease },
-                fleet_seen,
-                marks,
-                None,
-            )
-        } else {
-            Ok(false)
-        };
         if !matches!(held, Ok(true)) {
             self.revoke_lease(lease);
         }
@@ -900,6 +846,7 @@ impl Registry for EtcdRegistry {
                     )
                 })
                 .collect();
+            this.forget_sighting_if_held(&holders);
             let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
             let settle = request
                 .timing()
@@ -1002,13 +949,6 @@ impl Registry for EtcdRegistry {
                     )?
                 }
                 None if reassert => this.hold_new(request, worker_id, fleet_seen, marks, None)?,
-                // Gone although nobody got the id since this holder's last write, and its
-                // fence holds: etcd revoked the lease by itself (see `may_rebind`).
-                None if reassert_known_born.is_some()
-                    && this.may_rebind(request, worker_id, fleet_seen, marks.1) =>
-                {
-                    this.rebind(request, worker_id, fleet_seen, marks)?
-                }
                 Some((_, token, _, _)) => {
                     return Ok(Some(RenewReply::Lost {
                         holder: Some(token.clone()),
@@ -1027,7 +967,6 @@ impl Registry for EtcdRegistry {
         token: &str,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
-        self.step_began = std::time::Instant::now();
         for _ in 0..ATTEMPTS {
             let (snapshot, _) = self.snapshot(datacenter_id)?;
             let Some((_, holder, lease, mod_revision)) = snapshot.claim(worker_id).cloned() else {
@@ -1052,8 +991,7 @@ impl Registry for EtcdRegistry {
             let response = self.call(|c| Box::pin(c.txn(txn)))?;
             if response.succeeded() {
                 if let Some(h) = response.header() {
-                    self.last_write =
-                        Some((datacenter_id, worker_id, h.revision(), self.step_began));
+                    self.last_write = Some((datacenter_id, worker_id, h.revision()));
                 }
                 self.revoke_lease(lease);
                 return Ok(());
@@ -1085,9 +1023,9 @@ mod tests {
         }
     }
 
-    fn request(datacenter_id: u8) -> ClaimRequest<'static> {
+    fn request() -> ClaimRequest<'static> {
         ClaimRequest {
-            datacenter_id,
+            datacenter_id: 1,
             order: &[0, 1],
             token: "t",
             ttl_ms: 10_000,
@@ -1098,26 +1036,21 @@ mod tests {
     }
 
     #[test]
-    fn a_vanished_claim_is_bound_again_only_if_nobody_can_have_got_it() {
+    fn the_free_id_wait_is_one_unbroken_sighting() {
         let mut r = registry();
-        let now = std::time::Instant::now();
-        // Nothing written by this client: never.
-        assert!(!r.may_rebind(&request(1), 0, 10, 20));
-        r.last_write = Some((1, 0, 20, now));
-        assert!(r.may_rebind(&request(1), 0, 10, 20));
-        // The marks moved on (another server's grant, or a write of ours that timed out).
-        assert!(!r.may_rebind(&request(1), 0, 10, 21));
-        // Back to an older copy of the store.
-        assert!(!r.may_rebind(&request(1), 0, 10, 19));
-        // Another id, another datacenter.
-        assert!(!r.may_rebind(&request(1), 1, 10, 20));
-        assert!(!r.may_rebind(&request(2), 0, 10, 20));
-        // A fleet record written since (a new incarnation).
-        assert!(!r.may_rebind(&request(1), 0, 25, 20));
-        // Past the fence's reach (ttl / 2) of the step that wrote.
-        if let Some(long_ago) = now.checked_sub(Duration::from_millis(5_000)) {
-            r.last_write = Some((1, 0, 20, long_ago));
-            assert!(!r.may_rebind(&request(1), 0, 10, 20));
-        }
+        let full = 5_000 + 2_000; // ttl / 2 + the time limit
+        assert_eq!(r.free_wait_ms(&request(), 0, 7), full);
+        // Seen free since: the wait runs down (not a full wait again).
+        assert!(r.free_wait_ms(&request(), 0, 7) <= full);
+        assert!(r.seen_free.is_some());
+        // Another id held: the sighting of 0 stays.
+        r.forget_sighting_if_held(&[(1, "other")]);
+        assert!(r.seen_free.is_some());
+        // Id 0 held, by anyone: the sighting is gone, and the next one waits in full.
+        r.forget_sighting_if_held(&[(0, "other")]);
+        assert!(r.seen_free.is_none());
+        assert_eq!(r.free_wait_ms(&request(), 0, 7), full);
+        // A new fleet record starts the wait over too.
+        assert_eq!(r.free_wait_ms(&request(), 0, 8), full);
     }
 }
