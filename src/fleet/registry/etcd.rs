@@ -380,8 +380,7 @@ impl EtcdRegistry {
                     self.client = None;
                     self.current = (self.current + 1) % self.endpoints.len();
                     attempts += 1;
-                    if attempts >= self.endpoints.len()
-                        || began.elapsed() >= self.timeout + self.timeout / 2
+                    if attempts >= self.endpoints.len() || began.elapsed() >= self.move_on_budget()
                     {
                         return Err(e);
                     }
@@ -617,7 +616,7 @@ impl EtcdRegistry {
                 Err(_)
                     if !moved_on
                         && self.client.is_none()
-                        && began.elapsed() < self.timeout + self.timeout / 2 =>
+                        && began.elapsed() < self.move_on_budget() =>
                 {
                     moved_on = true;
                 }
@@ -643,6 +642,14 @@ impl EtcdRegistry {
             },
         };
         Ok(Some((reply, observed)))
+    }
+
+    /// How long into a clock read or a step this client still moves on to the next member
+    /// after a failed request, rather than fail: one request's time limit (what a frozen
+    /// member holds a request for) and half of one more, so that the retried requests can
+    /// still end within the fence.
+    fn move_on_budget(&self) -> Duration {
+        self.timeout + self.timeout / 2
     }
 
     fn contended(&self) -> RegistryError {
