@@ -26,5 +26,7 @@ pub mod ratelimit;
 pub mod registry_uri;
 pub mod secrets;
 pub mod settings;
+#[cfg(test)]
+mod sim;
 pub mod text;
 pub mod watermark;

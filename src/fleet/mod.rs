@@ -92,6 +92,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         recorded,
         avoided: Vec::new(),
         last_failure: String::new(),
+        quarantine_until_mono_ms: None,
     };
     let options = registry::Options {
         timeout: Duration::from_millis(timing.heartbeat_ms()),
@@ -183,6 +184,9 @@ struct Holder {
     /// The cause of the last failed request logged (empty after a success): each new cause
     /// is logged once.
     last_failure: String,
+    /// A held claim not to be used before this monotonic time (ms): a grant from a store
+    /// whose restores give no sign ([`ClaimTiming::grant_quarantine_ms`]).
+    quarantine_until_mono_ms: Option<u64>,
 }
 
 impl Holder {
@@ -191,6 +195,21 @@ impl Holder {
         let started_unix_ms = now_unix_ms();
         let started_mono_ms = monotonic_ms();
         let fence = self.timing.fence(started_unix_ms, started_mono_ms);
+        if let Some((worker_id, old)) = self.held {
+            if old.expired(started_mono_ms) {
+                // Not renewed within its fence (this server was stopped, or cut off, with no
+                // failed renewal to notice): claim again instead. A renewal now could keep a
+                // claim that a restore of the registry brought back after the id had lapsed
+                // and gone to another server (issue 37's simulator).
+                self.fence(
+                    ClaimStatus::Fenced,
+                    &format!(
+                        "This server's claim of worker id {worker_id} was not renewed within its fence ({} ms): the server was stopped or cut off. It claims an id again.",
+                        self.timing.fence_reach_ms()
+                    ),
+                );
+            }
+        }
         let usable_lead = gucs::usable_floor_lead_ms();
         self.avoided
             .retain(|(_, floor)| floor - started_unix_ms > usable_lead);
@@ -224,8 +243,7 @@ impl Holder {
                     }
                     self.known_born_unix_ms = Some(observed.born_unix_ms);
                     self.install(worker_id, fence);
-                    self.report(ClaimStatus::Held, "", expiry(&observed, self.timing));
-                    heartbeat
+                    self.report_installed(worker_id, expiry(&observed, self.timing))
                 }
                 Ok((RenewReply::Lost { holder }, _)) => {
                     let why = match holder {
@@ -261,6 +279,7 @@ impl Holder {
                     worker_id,
                     granted,
                     floor_unix_ms,
+                    quarantine_ms,
                 },
                 observed,
             )) => {
@@ -274,11 +293,14 @@ impl Holder {
                 let recorded = self
                     .recorded
                     .and_then(|r| r.floor_for(self.config.datacenter_id, worker_id));
+                // A quarantined grant's IDs start at or above the request's send plus the
+                // quarantine, whatever the clock does meanwhile.
                 let floor = claim::claim_floor_unix_ms(
                     floor_unix_ms,
                     observed.sample.received_unix_ms,
                     recorded,
-                );
+                )
+                .max(started_unix_ms.saturating_add(quarantine_ms as i64));
                 let ahead = floor - now_unix_ms();
                 if ahead > usable_lead {
                     self.give_back(client, worker_id, None);
@@ -314,8 +336,10 @@ impl Holder {
                 self.recorded = Some(last);
                 self.preferred = Some(worker_id);
                 self.raise_floor(floor);
+                self.quarantine_until_mono_ms =
+                    (quarantine_ms > 0).then(|| started_mono_ms.saturating_add(quarantine_ms));
                 self.install(worker_id, fence);
-                self.report(ClaimStatus::Held, "", expiry(&observed, self.timing));
+                let wait = self.report_installed(worker_id, expiry(&observed, self.timing));
                 errors::claimed(
                     self.config.datacenter_id,
                     worker_id,
@@ -324,7 +348,7 @@ impl Holder {
                     floor,
                 )
                 .log();
-                heartbeat
+                wait
             }
             Ok((ClaimReply::Settling { wait_ms }, observed)) => {
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
@@ -404,8 +428,38 @@ impl Holder {
         self.floor_unix_ms = floor_unix_ms;
     }
 
-    /// Hands a granted claim to the generator: pair and fence.
+    /// Publishes the status after a claim or renewal succeeded; returns the wait before the
+    /// next step (sooner while a quarantine runs out).
+    fn report_installed(&mut self, worker_id: u8, expires_unix_ms: i64) -> u64 {
+        let heartbeat = self.timing.heartbeat_ms();
+        match self.quarantine_until_mono_ms {
+            Some(until) => {
+                let left = until.saturating_sub(monotonic_ms());
+                let why = format!(
+                    "This server holds worker id {worker_id} and uses it in {left} ms: the registry (etcd) can be restored from a snapshot without a sign, which may have lost a claim of the same id made just before this one, whose holder could go on issuing until its fence ends."
+                );
+                self.report(ClaimStatus::Settling, &why, expires_unix_ms);
+                left.clamp(1, heartbeat)
+            }
+            None => {
+                self.report(ClaimStatus::Held, "", expires_unix_ms);
+                heartbeat
+            }
+        }
+    }
+
+    /// Hands a granted claim to the generator: pair and fence. A claim in quarantine is only
+    /// kept (and renewed) until its quarantine ends.
     fn install(&mut self, worker_id: u8, fence: Fence) {
+        self.held = Some((worker_id, fence));
+        // A failure after this success is logged again, even with the same cause.
+        self.last_failure.clear();
+        if let Some(until) = self.quarantine_until_mono_ms {
+            if monotonic_ms() < until {
+                return;
+            }
+            self.quarantine_until_mono_ms = None;
+        }
         let node = Node {
             datacenter_id: self.config.datacenter_id,
             worker_id,
@@ -420,14 +474,11 @@ impl Holder {
         }
         shared.node = node;
         shared.fence = fence;
-        drop(shared);
-        self.held = Some((worker_id, fence));
-        // A failure after this success is logged again, even with the same cause.
-        self.last_failure.clear();
     }
 
     /// Stops the generator at once and forgets the claim.
     fn fence(&mut self, status: ClaimStatus, why: &str) {
+        self.quarantine_until_mono_ms = None;
         {
             let mut shared = shmem::GENERATOR.exclusive();
             shared.fence = Fence::NONE;

@@ -19,8 +19,11 @@
 //! [`snowflake_core::kvclaims`]).
 //!
 //! A restore from a snapshot is a loss etcd does not signal, and revisions soon climb past
-//! where they were once other servers write: see [`EtcdRegistry::free_wait_ms`] and
-//! [`EtcdRegistry::own_write_lost`] for how it is covered.
+//! where they were once other servers write. A holder whose write the restore lost notices
+//! at its next renewal ([`EtcdRegistry::own_write_lost`]) and the registry begins a new
+//! incarnation; a holder cut off from the store may go on issuing under its fence, and no
+//! client can see its lost claim, so every grant (but a renewal) comes with a quarantine
+//! before it is used ([`claim::ClaimTiming::grant_quarantine_ms`]).
 //!
 //! One member is used at a time; any failed or timed-out request moves to the next, so a
 //! dead or frozen member costs one request. Requests need a leader (`require_leader`): a
@@ -65,9 +68,6 @@ pub struct EtcdRegistry {
     /// The highest store revision this client has seen: a lower one means the store went
     /// back (restored from a snapshot), and lost what it acknowledged since.
     highest_revision: i64,
-    /// The free id this client saw first in `order`, under which fleet record (its mod
-    /// revision), and since when (see [`EtcdRegistry::free_wait_ms`]).
-    seen_free: Option<(u8, i64, std::time::Instant)>,
     /// This client's last write of an id's marks: (datacenter, worker, revision). See
     /// [`EtcdRegistry::own_write_lost`].
     last_write: Option<(u8, u8, i64)>,
@@ -217,49 +217,8 @@ impl EtcdRegistry {
             client: None,
             current: 0,
             highest_revision: 0,
-            seen_free: None,
             last_write: None,
         })
-    }
-
-    /// How long this client still waits before it takes free id `w` (ms). A store restored
-    /// from a snapshot gives no sign of the restore, and its revisions soon climb past
-    /// where they were once any server writes. Every holder whose claim the restore lost
-    /// notices at its next renewal ([`Self::own_write_lost`]) and makes the registry begin a
-    /// new incarnation; a holder cut off from the store stops issuing within the fence's
-    /// reach of its last renewal, which came before the restore. So an id is taken only once
-    /// this client has seen it free, under the same fleet record, for the fence's reach plus
-    /// one request's time limit: by then every id granted in lost revisions is claimed again,
-    /// or the registry began anew (and settles), or its holder stopped. Own claims and
-    /// renewals do not wait.
-    ///
-    /// The sighting must be unbroken: [`Self::forget_sighting_if_held`] drops it as soon as a
-    /// snapshot shows the id held.
-    fn free_wait_ms(&mut self, request: &ClaimRequest<'_>, w: u8, fleet_seen: i64) -> u64 {
-        let needed = request.timing().fence_reach_ms() + self.timeout.as_millis() as u64;
-        match self.seen_free {
-            Some((seen_w, seen_fleet, since)) if seen_w == w && seen_fleet == fleet_seen => {
-                needed.saturating_sub(since.elapsed().as_millis() as u64)
-            }
-            _ => {
-                self.seen_free = Some((w, fleet_seen, std::time::Instant::now()));
-                needed
-            }
-        }
-    }
-
-    /// Forgets the sighting of a free id that a snapshot shows held (by anyone, or by a key
-    /// from before a loss). An id seen free, then held by another server, then free again
-    /// is waited for anew: the wait covers a holder granted it in revisions a restore lost,
-    /// whose claim began after the first sighting. (A server left waiting with every id
-    /// held kept its old sighting, and took the id the moment it came free: issue 36's
-    /// adversarial review, with a restore.)
-    fn forget_sighting_if_held(&mut self, held: &[(u8, &str)]) {
-        if let Some((w, _, _)) = self.seen_free {
-            if held.iter().any(|(h, _)| *h == w) {
-                self.seen_free = None;
-            }
-        }
     }
 
     /// Whether the store lost this client's last write of an id's marks: the key's mod
@@ -744,7 +703,6 @@ impl EtcdRegistry {
             if let Some(h) = response.header() {
                 self.last_write = Some((dc, w, h.revision()));
             }
-            self.seen_free = None;
         }
         Ok(response.succeeded())
     }
@@ -853,23 +811,15 @@ impl Registry for EtcdRegistry {
                     )
                 })
                 .collect();
-            this.forget_sighting_if_held(&holders);
             let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
             let settle = request
                 .timing()
                 .settle_wait_ms(settle_start(&record), earliest);
             let choice = claim::choose_worker(request.order, &holders, request.token, settle);
-            if let ClaimChoice::Settling(_) = choice {
-                // The free-id wait runs during the settling too: the first id that will be
-                // free starts its count now (same argument: the fleet record must stay).
-                if let Some(&w) = request
-                    .order
-                    .iter()
-                    .find(|w| !holders.iter().any(|(h, _)| h == *w))
-                {
-                    this.free_wait_ms(request, w, fleet_seen);
-                }
-            }
+            // Every grant is used only after its quarantine (see the module's text).
+            let quarantine_ms = request
+                .timing()
+                .grant_quarantine_ms(HTTP_DATE_RESOLUTION_MS as u64);
             Ok(match choice {
                 ClaimChoice::Own(w) => {
                     // Chosen because this token holds it, so the key is in the snapshot.
@@ -889,11 +839,8 @@ impl Registry for EtcdRegistry {
                         worker_id: w,
                         granted: Granted::Own,
                         floor_unix_ms: marks.0.floor_unix_ms,
+                        quarantine_ms,
                     })
-                }
-                ClaimChoice::Free(w) if this.free_wait_ms(request, w, fleet_seen) > 0 => {
-                    let wait_ms = this.free_wait_ms(request, w, fleet_seen);
-                    Some(ClaimReply::Settling { wait_ms })
                 }
                 ClaimChoice::Free(w) => {
                     let marks = snapshot.marks(w);
@@ -903,6 +850,7 @@ impl Registry for EtcdRegistry {
                         worker_id: w,
                         granted: Granted::Free,
                         floor_unix_ms: floor,
+                        quarantine_ms,
                     })
                 }
                 ClaimChoice::Settling(wait_ms) => Some(ClaimReply::Settling { wait_ms }),
@@ -1011,53 +959,5 @@ impl Registry for EtcdRegistry {
         self.credentials
             .as_ref()
             .map(|(_, password)| password.as_str())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn registry() -> EtcdRegistry {
-        let options = Options {
-            timeout: Duration::from_millis(2_000),
-            ca_file: None,
-            password_file: None,
-        };
-        match EtcdRegistry::new("etcd://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", &options) {
-            Ok(r) => r,
-            Err(e) => panic!("{}", e.0),
-        }
-    }
-
-    fn request() -> ClaimRequest<'static> {
-        ClaimRequest {
-            datacenter_id: 1,
-            order: &[0, 1],
-            token: "t",
-            ttl_ms: 10_000,
-            sent_unix_ms: 0,
-            cap_unix_ms: 5_000,
-            epoch_unix_ms: 0,
-        }
-    }
-
-    #[test]
-    fn the_free_id_wait_is_one_unbroken_sighting() {
-        let mut r = registry();
-        let full = 5_000 + 2_000; // ttl / 2 + the time limit
-        assert_eq!(r.free_wait_ms(&request(), 0, 7), full);
-        // Seen free since: the wait runs down (not a full wait again).
-        assert!(r.free_wait_ms(&request(), 0, 7) <= full);
-        assert!(r.seen_free.is_some());
-        // Another id held: the sighting of 0 stays.
-        r.forget_sighting_if_held(&[(1, "other")]);
-        assert!(r.seen_free.is_some());
-        // Id 0 held, by anyone: the sighting is gone, and the next one waits in full.
-        r.forget_sighting_if_held(&[(0, "other")]);
-        assert!(r.seen_free.is_none());
-        assert_eq!(r.free_wait_ms(&request(), 0, 7), full);
-        // A new fleet record starts the wait over too.
-        assert_eq!(r.free_wait_ms(&request(), 0, 8), full);
     }
 }

@@ -911,6 +911,7 @@ impl Registry for PgRegistry {
                                     .iter()
                                     .find(|(id, _, _)| *id == w)
                                     .and_then(|(_, _, f)| *f),
+                                quarantine_ms: 0,
                             }
                         }
                         ClaimChoice::Free(w) => {
@@ -920,6 +921,7 @@ impl Registry for PgRegistry {
                                 worker_id: w,
                                 granted: Granted::Free,
                                 floor_unix_ms: floor,
+                                quarantine_ms: 0,
                             }
                         }
                         ClaimChoice::Settling(wait_ms) => ClaimReply::Settling { wait_ms },

@@ -580,11 +580,13 @@ impl Registry for RedisRegistry {
                     worker_id: worker(0)?,
                     granted: Granted::Own,
                     floor_unix_ms: int(1)?,
+                    quarantine_ms: 0,
                 },
                 "free" => ClaimReply::Granted {
                     worker_id: worker(0)?,
                     granted: Granted::Free,
                     floor_unix_ms: int(1)?,
+                    quarantine_ms: 0,
                 },
                 "settling" => ClaimReply::Settling {
                     wait_ms: int(0)?.unwrap_or(0).max(0) as u64,

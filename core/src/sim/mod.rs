@@ -1,0 +1,27 @@
+//! A deterministic simulator of a fleet under the claim rules (issue 37): several servers,
+//! each with its own clock, monotonic clock, `claim_ttl` and token, claiming worker ids from
+//! one registry, in virtual time, driven by a seeded random schedule of faults. Every server
+//! issues IDs without pause whenever its fence allows (the worst case for overlaps), and the
+//! simulator records which millisecond timestamps each running copy of a server used under
+//! each worker id. The invariant: no two copies ever use the same (worker id, millisecond),
+//! and each copy's timestamps only rise.
+//!
+//! The rules are the product's: the holder's step follows `Holder::step` (src/fleet/mod.rs)
+//! through the core's [`crate::claim`] functions, and the registry's steps follow the Redis
+//! scripts (src/fleet/registry/redis.rs), whose records every store keeps (docs/fleets.md).
+//! Each fix of an earlier duplicate path is a switch in [`Fixes`]: with the switch off, the
+//! simulator must find that path again (see the tests), which shows it can see that kind of
+//! fault at all.
+//!
+//! Faults: registry restarts (empty, or from an older copy of its data, on the same host or
+//! on one whose clock differs), servers' crash restarts (token kept) and restarts (new token,
+//! released cleanly or not), SIGSTOP freezes, clock steps, requests and replies delayed past
+//! their deadline or lost, partitions, and copies of a running server with its memory.
+
+mod model;
+mod rng;
+
+pub use model::{run, Fault, Fixes, Space, Store, Violation};
+
+#[cfg(test)]
+mod tests;

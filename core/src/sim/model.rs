@@ -1,0 +1,1227 @@
+//! The simulated fleet: servers (each running copy of one), a registry, messages, faults, and
+//! the record of every millisecond each copy issued under each worker id.
+
+use std::collections::BTreeMap;
+
+use super::rng::Rng;
+use crate::claim::{self, AfterFailure, ClaimChoice, ClaimTiming, ClockSample, Fence, RequestAge};
+
+/// The fixes of earlier duplicate paths, each of which can be taken out to show that the
+/// simulator finds its path again. [`Fixes::ALL`] is the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fixes {
+    /// 0.5.0: every loss of the registry's data begins a new incarnation, which settles (a
+    /// coordinator crash restart lost acknowledged claims and nothing changed).
+    pub loss_begins_incarnation: bool,
+    /// 0.5.0: the claim's floor is kept by the server in its data directory, and by the
+    /// registry for an own claim (a crash restart lost it).
+    pub durable_floor: bool,
+    /// 0.5.0: a renewal takes back a claim the registry no longer has only after a loss, while
+    /// the registry settles (a renewal held up in the network revived a lapsed claim).
+    pub reassert_only_after_loss: bool,
+    /// 0.5.0: a request older than its fence allows, or ahead of the registry's clock, is not
+    /// acted on.
+    pub request_age: bool,
+    /// 0.5.0: an id's high-water mark only rises (a server whose clock stepped back lowered
+    /// it).
+    pub marks_only_rise: bool,
+    /// 0.5.0: a claim's floor includes the server's clock when the grant arrived (a registry
+    /// restarted empty, then a clock step back).
+    pub floor_includes_clock: bool,
+    /// 0.7.0: a settling registry grants not even an own claim (a restored copy's claim may
+    /// be one its holder let lapse before another server took the id).
+    pub no_own_claim_while_settling: bool,
+    /// Issue 37: a holder whose fence has expired claims again instead of renewing (a
+    /// restore may have revived its claim after the id went to another server).
+    pub renew_only_within_fence: bool,
+    /// Issue 37: an etcd grant other than a renewal is used only once the fence's reach and
+    /// the clock terms have passed since its request was sent
+    /// ([`claim::ClaimTiming::grant_quarantine_ms`]): a restore can lose a grant made just
+    /// before it, whose holder goes on issuing under its fence, and no wait before the grant
+    /// can see that. Taken out, the rule of 0.7.0 applies: a free id is taken once seen free,
+    /// under the same fleet record, for the fence's reach and a request's time limit.
+    pub etcd_grant_quarantine: bool,
+}
+
+impl Fixes {
+    /// Every fix in: the rules as the product has them.
+    pub const ALL: Fixes = Fixes {
+        loss_begins_incarnation: true,
+        durable_floor: true,
+        reassert_only_after_loss: true,
+        request_age: true,
+        marks_only_rise: true,
+        floor_includes_clock: true,
+        no_own_claim_while_settling: true,
+        renew_only_within_fence: true,
+        etcd_grant_quarantine: true,
+    };
+}
+
+/// The kinds of fault a schedule draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The registry restarts without its data (Redis without persistence, etcd wiped).
+    RegistryRestartEmpty,
+    /// The registry restarts from an older copy of its data (a dump, a snapshot, a replica
+    /// that missed the last writes).
+    RegistryRestore,
+    /// The registry is unreachable for a while.
+    RegistryDown,
+    /// A server's crash restart: the postmaster and its token stay, memory is lost.
+    ServerCrashRestart,
+    /// A server's restart: a new token; the claim is released first when `clean`.
+    ServerRestart,
+    /// A server is stopped (SIGSTOP) for a while.
+    Freeze,
+    /// A server's wall clock steps (forward or back).
+    ClockStep,
+    /// A server and the registry cannot reach each other for a while.
+    Partition,
+    /// A running server is copied with its memory (a VM clone, a snapshot restored), and
+    /// both copies run on.
+    MemoryClone,
+}
+
+/// What a schedule may contain.
+#[derive(Debug, Clone)]
+pub struct Space {
+    /// The registry's kind.
+    pub store: Store,
+    /// How many servers (each starts as one copy).
+    pub servers: usize,
+    /// How many worker ids the datacenter has (ids `0..worker_ids`).
+    pub worker_ids: u8,
+    /// The servers' `claim_ttl` (ms), in turn: server `i` has `ttls_ms[i % len]`.
+    pub ttls_ms: Vec<u64>,
+    /// Each server's clock is off the registry's by up to this share of its allowed skew
+    /// (1.0: as far as the rules allow), plus `registry_host_clock_ms`.
+    pub clock_spread: f64,
+    /// A restarted registry may come back on a host whose clock is off the old one's by up to
+    /// this (ms); 0 keeps one registry clock.
+    pub registry_host_clock_ms: i64,
+    /// A clock step is up to this (ms), forward or back.
+    pub clock_step_ms: i64,
+    /// The fault kinds drawn.
+    pub faults: Vec<Fault>,
+    /// How many faults a schedule has, at least and at most.
+    pub fault_count: (usize, usize),
+    /// How long a schedule runs (ms of virtual time).
+    pub duration_ms: i64,
+    /// Each message takes this long, at least and at most (ms).
+    pub net_delay_ms: (i64, i64),
+    /// The share of messages (percent) held up past their sender's deadline.
+    pub late_percent: u64,
+    /// The share of messages (percent) lost.
+    pub lost_percent: u64,
+}
+
+impl Space {
+    /// A fleet of `servers` on `worker_ids` ids with the default ttl, clocks within the rules,
+    /// and the given faults.
+    pub fn new(servers: usize, worker_ids: u8, faults: &[Fault]) -> Space {
+        Space {
+            store: Store::Redis,
+            servers,
+            worker_ids,
+            ttls_ms: vec![claim::DEFAULT_CLAIM_TTL_MS],
+            clock_spread: 1.0,
+            registry_host_clock_ms: 0,
+            clock_step_ms: 0,
+            faults: faults.to_vec(),
+            fault_count: (1, 6),
+            duration_ms: 120_000,
+            net_delay_ms: (1, 40),
+            late_percent: 0,
+            lost_percent: 0,
+        }
+    }
+}
+
+/// Two copies used the same millisecond under one worker id, or a copy's IDs went back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// What happened, with the numbers.
+    pub what: String,
+    /// Virtual time (ms) when it was seen.
+    pub at_ms: i64,
+    /// The schedule's events up to then (when traced).
+    pub trace: Vec<String>,
+}
+
+/// What one schedule did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The first violation, if any.
+    pub violation: Option<Violation>,
+    /// Events handled.
+    pub events: u64,
+    /// Milliseconds issued, over every copy (a measure of how busy the fleet was).
+    pub issued_ms: i64,
+    /// Claims granted.
+    pub grants: u64,
+    /// The schedule's events (when traced).
+    pub trace: Vec<String>,
+}
+
+/// The registry's records, as every store keeps them.
+#[derive(Debug, Clone, Default)]
+struct Data {
+    /// When the incarnation began (registry clock), the server incarnation that wrote it,
+    /// and the revision of that write (etcd).
+    record: Option<(i64, u64, u64)>,
+    /// Per id: holder token, expiry (registry clock), the claim's ttl, its revision.
+    claims: BTreeMap<u8, Claim>,
+    high_water: BTreeMap<u8, i64>,
+    floor: BTreeMap<u8, i64>,
+    released: BTreeMap<u8, i64>,
+    /// The revision of each id's last write of its marks (etcd).
+    marks_revision: BTreeMap<u8, u64>,
+    /// The store's revision: every write raises it (etcd).
+    revision: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    token: u64,
+    expires: i64,
+    ttl_ms: i64,
+    revision: u64,
+}
+
+/// How the registry stores its records and sees a loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// Redis (and the coordinator): every restart is a new incarnation of the server, which
+    /// the records name; claims expire at an absolute time of the registry's clock.
+    Redis,
+    /// etcd: a restore from a snapshot gives no sign but revisions that go back (and soon
+    /// climb past where they were); claims are leases, whose time a restore gives back in
+    /// full; each client keeps what it saw (see `src/fleet/registry/etcd.rs`).
+    Etcd,
+}
+
+/// What an etcd client keeps between requests.
+#[derive(Debug, Clone, Copy, Default)]
+struct EtcdClient {
+    highest_revision: u64,
+    last_write: Option<(u8, u64)>,
+    /// A free id seen, under which fleet record revision, since when (true time).
+    seen_free: Option<(u8, u64, i64)>,
+}
+
+struct Registry {
+    /// Registry clock minus true time.
+    offset: i64,
+    /// Changes at every restart (Redis's run id; the coordinator's token).
+    run: u64,
+    data: Data,
+    /// Copies of the data for restores: (true time, data).
+    snapshots: Vec<(i64, Data)>,
+    down_until: i64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Request {
+    Claim { preferred: Option<u8> },
+    Renew { worker: u8, reassert: Option<i64> },
+    Release { worker: u8, released: Option<i64> },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    Granted { worker: u8, floor: Option<i64> },
+    Settling { wait_ms: u64 },
+    Exhausted,
+    Renewed,
+    Lost,
+    Rejected,
+    Released,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    id: u64,
+    request: Request,
+    sent_wall: i64,
+    /// The fence this request grants if it succeeds.
+    fence: Fence,
+    /// The reply, with the registry's clock when it answered, if it came while the copy was
+    /// frozen.
+    reply: Option<(Reply, i64, i64)>,
+}
+
+#[derive(Debug, Clone)]
+struct Copy {
+    server: usize,
+    token: u64,
+    timing: ClaimTiming,
+    /// Wall clock minus true time.
+    clock: i64,
+    /// Monotonic clock minus true time.
+    mono: i64,
+    held: Option<(u8, Fence)>,
+    known_born: Option<i64>,
+    floor: i64,
+    preferred: Option<u8>,
+    /// The claim file: survives restarts.
+    recorded: Option<(u8, i64)>,
+    /// The generator's position (last timestamp issued, Unix ms); durable.
+    position: i64,
+    pending: Option<Pending>,
+    frozen_until: i64,
+    /// Not running until then (restarting).
+    down_until: i64,
+    /// True time up to which issuance is accounted.
+    issued_upto: i64,
+    partitioned_until: i64,
+    alive: bool,
+    /// Issues IDs only while busy (servers idle between bursts of inserts).
+    busy: bool,
+    /// The etcd client's memory (new at every restart of the registry worker).
+    etcd: EtcdClient,
+    /// Monotonic time before which a quarantined grant issues nothing.
+    quarantine_until_mono: u64,
+}
+
+impl Copy {
+    fn wall(&self, t: i64) -> i64 {
+        t + self.clock
+    }
+    fn mono(&self, t: i64) -> u64 {
+        (t + self.mono) as u64
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Step(usize),
+    Arrive {
+        copy: usize,
+        id: u64,
+    },
+    Answer {
+        copy: usize,
+        id: u64,
+        reply: Reply,
+        registry_now: i64,
+        born: i64,
+    },
+    Deadline {
+        copy: usize,
+        id: u64,
+    },
+    Fault(usize),
+    Snapshot,
+    /// A copy turns busy or idle.
+    Toggle(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PlannedFault {
+    kind: Fault,
+    server: usize,
+    length_ms: i64,
+    step_ms: i64,
+    clean: bool,
+}
+
+/// The usable lead of a claim's floor over the clock (`max_clock_drift` + `max_clock_wait`
+/// at their defaults).
+const USABLE_FLOOR_LEAD_MS: i64 = 11_000;
+
+/// The registry's epoch (one for the whole fleet here).
+const START_UNIX_MS: i64 = 1_800_000_000_000;
+
+struct Sim {
+    fixes: Fixes,
+    rng: Rng,
+    t: i64,
+    seq: u64,
+    events: BTreeMap<(i64, u64), Event>,
+    copies: Vec<Copy>,
+    registry: Registry,
+    /// Every request sent: (copy, request, sent wall clock, token, timing).
+    requests: BTreeMap<u64, (usize, Request, i64, u64, ClaimTiming)>,
+    next_request: u64,
+    next_token: u64,
+    faults: Vec<PlannedFault>,
+    issued: BTreeMap<u8, BTreeMap<i64, (i64, usize)>>,
+    last_issued: Vec<i64>,
+    /// When each grant was made (true time), for restores that go back past one.
+    grant_times: Vec<i64>,
+    space: Space,
+    trace: Option<Vec<String>>,
+    outcome: Outcome,
+}
+
+/// Runs one schedule: the seed draws the servers' settings and clocks, the faults and the
+/// network's delays.
+pub fn run(space: &Space, fixes: Fixes, seed: u64, traced: bool) -> Outcome {
+    let mut sim = Sim::new(space.clone(), fixes, seed, traced);
+    sim.run();
+    sim.outcome
+}
+
+impl Sim {
+    fn new(space: Space, fixes: Fixes, seed: u64, traced: bool) -> Sim {
+        let mut rng = Rng::new(seed);
+        let mut copies = Vec::new();
+        for server in 0..space.servers {
+            let timing = ClaimTiming::new(space.ttls_ms[server % space.ttls_ms.len()]);
+            // With registry hosts whose clocks differ, a server may be within the allowed skew
+            // of one host and not of another.
+            let spread = (timing.max_skew_ms() as f64 * space.clock_spread) as i64
+                + space.registry_host_clock_ms;
+            let clock = START_UNIX_MS + rng.spread(spread);
+            copies.push(Copy {
+                server,
+                token: server as u64 + 1,
+                timing,
+                clock,
+                mono: 1_000_000 + rng.range(0, 1_000_000),
+                held: None,
+                known_born: None,
+                floor: i64::MIN,
+                preferred: None,
+                recorded: None,
+                position: i64::MIN,
+                pending: None,
+                frozen_until: 0,
+                down_until: 0,
+                issued_upto: 0,
+                partitioned_until: 0,
+                alive: true,
+                busy: true,
+                etcd: EtcdClient::default(),
+                quarantine_until_mono: 0,
+            });
+        }
+        let max_ttl = copies
+            .iter()
+            .map(|c| c.timing.ttl_ms() as i64)
+            .max()
+            .unwrap_or(10_000);
+        let count = rng.range(space.fault_count.0 as i64, space.fault_count.1 as i64);
+        let mut faults = Vec::new();
+        let mut events = BTreeMap::new();
+        let mut seq = 0;
+        if !space.faults.is_empty() {
+            let mut previous = None;
+            for _ in 0..count {
+                let kind = rng.pick(&space.faults);
+                // Half the faults come soon after the one before: most paths need two.
+                let at = match previous {
+                    Some(p) if rng.chance(50) => p + rng.range(0, max_ttl),
+                    _ => rng.range(max_ttl / 2, space.duration_ms - 2 * max_ttl),
+                };
+                previous = Some(at);
+                let fault = PlannedFault {
+                    kind,
+                    server: rng.range(0, space.servers as i64 - 1) as usize,
+                    length_ms: rng.range(100, 3 * max_ttl),
+                    step_ms: rng.spread(space.clock_step_ms),
+                    clean: rng.chance(50),
+                };
+                faults.push(fault);
+                seq += 1;
+                events.insert((at, seq), Event::Fault(faults.len() - 1));
+            }
+        }
+        for (i, copy) in copies.iter().enumerate() {
+            seq += 1;
+            events.insert(
+                (rng.range(0, copy.timing.heartbeat_ms() as i64), seq),
+                Event::Step(i),
+            );
+            seq += 1;
+            events.insert((rng.range(0, 3_000), seq), Event::Toggle(i));
+        }
+        seq += 1;
+        events.insert((250, seq), Event::Snapshot);
+        let n = copies.len();
+        Sim {
+            fixes,
+            rng,
+            t: 0,
+            seq,
+            events,
+            copies,
+            registry: Registry {
+                offset: START_UNIX_MS,
+                run: 1,
+                data: Data::default(),
+                snapshots: Vec::new(),
+                down_until: 0,
+            },
+            requests: BTreeMap::new(),
+            next_request: 1,
+            next_token: 1_000,
+            faults,
+            issued: BTreeMap::new(),
+            last_issued: vec![i64::MIN; n],
+            grant_times: Vec::new(),
+            space,
+            trace: traced.then(Vec::new),
+            outcome: Outcome {
+                violation: None,
+                events: 0,
+                issued_ms: 0,
+                grants: 0,
+                trace: Vec::new(),
+            },
+        }
+    }
+
+    fn at(&mut self, t: i64, event: Event) {
+        self.seq += 1;
+        self.events.insert((t, self.seq), event);
+    }
+
+    fn note(&mut self, text: impl FnOnce() -> String) {
+        if let Some(trace) = &mut self.trace {
+            let line = format!("{:>7} {}", self.t, text());
+            trace.push(line);
+        }
+    }
+
+    fn run(&mut self) {
+        self.run_events();
+        self.outcome.trace = self.trace.take().unwrap_or_default();
+    }
+
+    fn run_events(&mut self) {
+        while let Some(((t, _), event)) = self.events.pop_first() {
+            if t > self.space.duration_ms || self.outcome.violation.is_some() {
+                break;
+            }
+            self.t = t;
+            self.outcome.events += 1;
+            for c in 0..self.copies.len() {
+                self.advance(c);
+            }
+            if self.outcome.violation.is_some() {
+                break;
+            }
+            self.handle(event);
+        }
+    }
+
+    /// Issues, for copy `c`, every millisecond the fence allows up to now.
+    fn advance(&mut self, c: usize) {
+        let t = self.t;
+        let copy = &self.copies[c];
+        let quarantined_until = copy.quarantine_until_mono as i64 - copy.mono;
+        let from = copy
+            .issued_upto
+            .max(copy.frozen_until.min(t))
+            .max(copy.down_until.min(t))
+            .max(quarantined_until.min(t));
+        if !copy.alive
+            || !copy.busy
+            || quarantined_until >= t
+            || copy.frozen_until >= t
+            || copy.down_until >= t
+            || from >= t
+        {
+            self.copies[c].issued_upto = t;
+            return;
+        }
+        let Some((worker, fence)) = copy.held else {
+            self.copies[c].issued_upto = t;
+            return;
+        };
+        // The first true time at which the deadline has passed.
+        let dead = fence.deadline_mono_ms as i64 - copy.mono;
+        let last = t.min(dead - 1);
+        let n = last - from;
+        let first = copy
+            .position
+            .saturating_add(1)
+            .max(copy.wall(from + 1))
+            .max(copy.floor);
+        self.copies[c].issued_upto = t;
+        if n <= 0 {
+            return;
+        }
+        let end = first.saturating_add(n - 1).min(fence.cap_unix_ms - 1);
+        if end < first {
+            return;
+        }
+        self.copies[c].position = end;
+        self.record(c, worker, first, end);
+    }
+
+    fn record(&mut self, c: usize, worker: u8, lo: i64, hi: i64) {
+        self.outcome.issued_ms += hi - lo + 1;
+        if lo <= self.last_issued[c] {
+            let what = format!(
+                "copy {c} (server {}) went back: issued {lo}..={hi} after {}",
+                self.copies[c].server, self.last_issued[c]
+            );
+            self.violate(what);
+            return;
+        }
+        self.last_issued[c] = hi;
+        let map = self.issued.entry(worker).or_default();
+        let mut clash = None;
+        for (&olo, &(ohi, oc)) in map.range(..=hi).rev() {
+            if ohi < lo {
+                break;
+            }
+            if oc != c {
+                clash = Some((olo, ohi, oc));
+                break;
+            }
+        }
+        if let Some((olo, ohi, oc)) = clash {
+            let overlap = hi.min(ohi) - lo.max(olo) + 1;
+            let what = format!(
+                "worker {worker}: copy {c} (server {}) issued {lo}..={hi}, copy {oc} (server {}) had issued {olo}..={ohi}: {overlap} ms in both",
+                self.copies[c].server, self.copies[oc].server
+            );
+            self.violate(what);
+            return;
+        }
+        // Merge with this copy's interval just before, if adjacent.
+        let previous = map.range(..lo).next_back().map(|(&l, &v)| (l, v));
+        match previous {
+            Some((plo, (phi, pc))) if pc == c && phi + 1 == lo => {
+                map.insert(plo, (hi, c));
+            }
+            _ => {
+                map.insert(lo, (hi, c));
+            }
+        }
+    }
+
+    fn violate(&mut self, what: String) {
+        self.note(|| format!("VIOLATION {what}"));
+        self.outcome.violation = Some(Violation {
+            what,
+            at_ms: self.t,
+            trace: self.trace.clone().unwrap_or_default(),
+        });
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Step(c) => self.step(c),
+            Event::Arrive { copy, id } => self.arrive(copy, id),
+            Event::Answer {
+                copy,
+                id,
+                reply,
+                registry_now,
+                born,
+            } => self.answer(copy, id, reply, registry_now, born),
+            Event::Deadline { copy, id } => self.deadline(copy, id),
+            Event::Fault(i) => self.fault(i),
+            Event::Toggle(c) => {
+                self.copies[c].busy = !self.copies[c].busy;
+                let t = self.t + self.rng.range(1, 3_000);
+                self.at(t, Event::Toggle(c));
+            }
+            Event::Snapshot => {
+                let data = self.registry.data.clone();
+                self.registry.snapshots.push((self.t, data));
+                let t = self.t + 250;
+                self.at(t, Event::Snapshot);
+            }
+        }
+    }
+
+    /// A copy that cannot act now (frozen, restarting) acts when it can: true if deferred.
+    fn defer(&mut self, c: usize, event: Event) -> bool {
+        let copy = &self.copies[c];
+        if !copy.alive {
+            return true;
+        }
+        let until = copy.frozen_until.max(copy.down_until);
+        if until > self.t {
+            self.at(until, event);
+            return true;
+        }
+        false
+    }
+
+    fn step(&mut self, c: usize) {
+        if self.defer(c, Event::Step(c)) || self.copies[c].pending.is_some() {
+            return;
+        }
+        let t = self.t;
+        let copy = &self.copies[c];
+        let timing = copy.timing;
+        let wall = copy.wall(t);
+        let mono = copy.mono(t);
+        let fence = timing.fence(wall, mono);
+        if self.fixes.renew_only_within_fence && copy.held.is_some_and(|(_, old)| old.expired(mono))
+        {
+            self.fence_copy(c, "fence expired before the renewal");
+        }
+        let copy = &self.copies[c];
+        let request = match copy.held {
+            Some((worker, old)) => Request::Renew {
+                worker,
+                reassert: claim::may_reassert(old, mono)
+                    .then_some(copy.known_born)
+                    .flatten(),
+            },
+            None => Request::Claim {
+                preferred: copy.preferred,
+            },
+        };
+        self.send(c, request, wall, fence);
+    }
+
+    fn send(&mut self, c: usize, request: Request, sent_wall: i64, fence: Fence) {
+        let id = self.next_request;
+        self.next_request += 1;
+        let timing = self.copies[c].timing;
+        let deadline = self.t + timing.heartbeat_ms() as i64;
+        let copy = &mut self.copies[c];
+        if !matches!(request, Request::Release { .. }) {
+            copy.pending = Some(Pending {
+                id,
+                request,
+                sent_wall,
+                fence,
+                reply: None,
+            });
+            self.at(deadline, Event::Deadline { copy: c, id });
+        }
+        let token = self.copies[c].token;
+        self.requests
+            .insert(id, (c, request, sent_wall, token, timing));
+        self.note(|| {
+            format!(
+                "copy {c} sends {request:?} (wall {sent_wall}, cap {})",
+                fence.cap_unix_ms
+            )
+        });
+        if let Some(delay) = self.delay(c) {
+            let t = self.t + delay;
+            self.at(t, Event::Arrive { copy: c, id });
+        }
+    }
+
+    /// A message's delay, or None when it is lost.
+    fn delay(&mut self, c: usize) -> Option<i64> {
+        if self.copies[c].partitioned_until > self.t || self.rng.chance(self.space.lost_percent) {
+            return None;
+        }
+        let (lo, hi) = self.space.net_delay_ms;
+        let mut delay = self.rng.range(lo, hi);
+        if self.rng.chance(self.space.late_percent) {
+            let heartbeat = self.copies[c].timing.heartbeat_ms() as i64;
+            delay += self.rng.range(heartbeat, 4 * heartbeat);
+        }
+        Some(delay)
+    }
+
+    fn arrive(&mut self, c: usize, id: u64) {
+        if self.registry.down_until > self.t {
+            return;
+        }
+        let Some(&(_, request, sent_wall, token, timing)) = self.requests.get(&id) else {
+            return;
+        };
+        let now = self.t + self.registry.offset;
+        let (reply, born) = self.registry_step(c, request, token, timing, sent_wall, now);
+        self.note(|| format!("registry (clock {now}, born {born}) answers copy {c}: {reply:?}"));
+        if let Reply::Granted { .. } = reply {
+            self.outcome.grants += 1;
+            self.grant_times.push(self.t);
+        }
+        if let Some(delay) = self.delay(c) {
+            let t = self.t + delay;
+            self.at(
+                t,
+                Event::Answer {
+                    copy: c,
+                    id,
+                    reply,
+                    registry_now: now,
+                    born,
+                },
+            );
+        }
+    }
+
+    /// One registry step: the Redis scripts' for [`Store::Redis`], the etcd client's for
+    /// [`Store::Etcd`] (which reads a snapshot, decides and writes in one transaction: taken
+    /// here as one atomic step, as its compare-and-swap makes it).
+    fn registry_step(
+        &mut self,
+        c: usize,
+        request: Request,
+        token: u64,
+        timing: ClaimTiming,
+        sent: i64,
+        now: i64,
+    ) -> (Reply, i64) {
+        let fixes = self.fixes;
+        let run = self.registry.run;
+        let etcd = self.space.store == Store::Etcd;
+        let mut client = self.copies[c].etcd;
+        let data = &mut self.registry.data;
+        // A new incarnation begins when the record is missing, when another incarnation of
+        // the server wrote it (Redis), or when the store went back (etcd: revisions below
+        // what this client saw, or its own last write lost).
+        let went_back = etcd
+            && (data.revision < client.highest_revision
+                || client.last_write.is_some_and(|(w, revision)| {
+                    data.marks_revision.get(&w).copied().unwrap_or(0) < revision
+                }));
+        let (born, fleet_revision) = match data.record {
+            Some((born, r, revision)) if (etcd || r == run) && !went_back => (born, revision),
+            _ => {
+                data.revision += 1;
+                data.record = Some((now, run, data.revision));
+                client.last_write = None;
+                (now, data.revision)
+            }
+        };
+        client.highest_revision = client.highest_revision.max(data.revision);
+        let (reply, client) = Self::decide(
+            data,
+            fixes,
+            etcd,
+            client,
+            request,
+            token,
+            timing,
+            sent,
+            (now, self.t),
+            born,
+            fleet_revision,
+            self.space.worker_ids,
+        );
+        self.copies[c].etcd = client;
+        (reply, born)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        data: &mut Data,
+        fixes: Fixes,
+        etcd: bool,
+        mut client: EtcdClient,
+        request: Request,
+        token: u64,
+        timing: ClaimTiming,
+        sent: i64,
+        (now, client_clock): (i64, i64),
+        born: i64,
+        fleet_revision: u64,
+        worker_ids: u8,
+    ) -> (Reply, EtcdClient) {
+        // The holder of an id as this step sees it: an etcd claim written before the
+        // current incarnation began counts as another server's (a restore may have brought
+        // it back after it went to another).
+        let holder_of = |data: &Data, w: u8| -> Option<(u64, bool)> {
+            data.claims
+                .get(&w)
+                .filter(|claim| claim.expires > now)
+                .map(|claim| (claim.token, etcd && claim.revision < fleet_revision))
+        };
+        if let Request::Release { worker, released } = request {
+            if holder_of(data, worker).map(|h| h.0) == Some(token) {
+                data.claims.remove(&worker);
+                data.revision += 1;
+                if let Some(v) = released {
+                    if fixes.marks_only_rise {
+                        let v = data.floor.get(&worker).map_or(v, |f| v.max(*f));
+                        let hw = data.high_water.entry(worker).or_insert(v);
+                        *hw = (*hw).max(v);
+                        data.released.insert(worker, v);
+                    } else {
+                        data.high_water.insert(worker, v);
+                        data.released.insert(worker, v);
+                    }
+                    data.marks_revision.insert(worker, data.revision);
+                    client.last_write = Some((worker, data.revision));
+                }
+            }
+            return (Reply::Released, client);
+        }
+        if fixes.request_age && timing.request_age(sent, now) != RequestAge::Fresh {
+            return (Reply::Rejected, client);
+        }
+        let cap = timing.fence(sent, 0).cap_unix_ms;
+        let hold = |data: &mut Data, client: &mut EtcdClient, worker: u8| {
+            data.revision += 1;
+            data.claims.insert(
+                worker,
+                Claim {
+                    token,
+                    expires: now + timing.ttl_ms() as i64,
+                    ttl_ms: timing.ttl_ms() as i64,
+                    revision: data.revision,
+                },
+            );
+            let hw = data.high_water.entry(worker).or_insert(cap);
+            *hw = if fixes.marks_only_rise {
+                (*hw).max(cap)
+            } else {
+                cap
+            };
+            data.released.remove(&worker);
+            data.marks_revision.insert(worker, data.revision);
+            client.last_write = Some((worker, data.revision));
+        };
+        match request {
+            Request::Claim { preferred } => {
+                let settle = timing.settle_wait_ms(born, now);
+                let holders: Vec<(u8, String)> = (0..worker_ids)
+                    .filter_map(|w| {
+                        holder_of(data, w).map(|(t, from_before)| {
+                            (
+                                w,
+                                if from_before {
+                                    "before".to_string()
+                                } else {
+                                    t.to_string()
+                                },
+                            )
+                        })
+                    })
+                    .collect();
+                let holder_refs: Vec<(u8, &str)> =
+                    holders.iter().map(|(w, t)| (*w, t.as_str())).collect();
+                // etcd: a sighting of a free id ends when the id is seen held.
+                if let Some((w, _, _)) = client.seen_free {
+                    if holder_refs.iter().any(|(h, _)| *h == w) {
+                        client.seen_free = None;
+                    }
+                }
+                let order = claim::claim_order(preferred, worker_ids - 1);
+                let token_text = token.to_string();
+                let mut choice = claim::choose_worker(&order, &holder_refs, &token_text, settle);
+                if !fixes.no_own_claim_while_settling {
+                    if let Some(&(w, _)) = holder_refs.iter().find(|(_, t)| *t == token_text) {
+                        choice = ClaimChoice::Own(w);
+                    }
+                }
+                // etcd: a free id is taken only once seen free, under the same fleet record,
+                // for the fence's reach plus one request's time limit (the client's
+                // `free_wait_ms`), counted on the client's monotonic clock.
+                let free_wait = |w: u8, client: &mut EtcdClient| -> u64 {
+                    let needed = timing.fence_reach_ms() + timing.heartbeat_ms();
+                    match client.seen_free {
+                        Some((sw, sf, since)) if sw == w && sf == fleet_revision => {
+                            needed.saturating_sub((client_clock - since).max(0) as u64)
+                        }
+                        _ => {
+                            client.seen_free = Some((w, fleet_revision, client_clock));
+                            needed
+                        }
+                    }
+                };
+                if etcd && !fixes.etcd_grant_quarantine {
+                    if let ClaimChoice::Settling(_) = choice {
+                        if let Some(&w) = order
+                            .iter()
+                            .find(|w| !holder_refs.iter().any(|(h, _)| h == *w))
+                        {
+                            free_wait(w, &mut client);
+                        }
+                    }
+                    if let ClaimChoice::Free(w) = choice {
+                        let wait_ms = free_wait(w, &mut client);
+                        if wait_ms > 0 {
+                            return (Reply::Settling { wait_ms }, client);
+                        }
+                    }
+                }
+                match choice {
+                    ClaimChoice::Own(w) => {
+                        hold(data, &mut client, w);
+                        let floor = if fixes.durable_floor {
+                            data.floor.get(&w).copied()
+                        } else {
+                            None
+                        };
+                        (Reply::Granted { worker: w, floor }, client)
+                    }
+                    ClaimChoice::Free(w) => {
+                        let mark = data.released.get(&w).or(data.high_water.get(&w)).copied();
+                        hold(data, &mut client, w);
+                        let floor = mark.map(|m| m + 1);
+                        match floor {
+                            Some(f) => data.floor.insert(w, f),
+                            None => data.floor.remove(&w),
+                        };
+                        (Reply::Granted { worker: w, floor }, client)
+                    }
+                    ClaimChoice::Settling(wait_ms) => (Reply::Settling { wait_ms }, client),
+                    ClaimChoice::Exhausted(_) => (Reply::Exhausted, client),
+                }
+            }
+            Request::Renew { worker, reassert } => {
+                let holder = holder_of(data, worker);
+                if holder == Some((token, false)) {
+                    hold(data, &mut client, worker);
+                    return (Reply::Renewed, client);
+                }
+                let may = if fixes.reassert_only_after_loss {
+                    reassert.is_some_and(|known| timing.may_reassert(known, born, now))
+                } else {
+                    true
+                };
+                let own_from_before = holder == Some((token, true));
+                if (holder.is_none() || own_from_before) && may {
+                    hold(data, &mut client, worker);
+                    return (Reply::Renewed, client);
+                }
+                (Reply::Lost, client)
+            }
+            Request::Release { .. } => unreachable!("handled above"),
+        }
+    }
+
+    fn answer(&mut self, c: usize, id: u64, reply: Reply, registry_now: i64, born: i64) {
+        let Some(pending) = self.copies[c].pending.filter(|p| p.id == id) else {
+            return;
+        };
+        let copy = &self.copies[c];
+        if !copy.alive {
+            return;
+        }
+        if copy.frozen_until.max(copy.down_until) > self.t {
+            // Read when the copy runs again, even if late by then (the socket holds it).
+            if copy.down_until <= self.t {
+                if let Some(p) = self.copies[c].pending.as_mut() {
+                    p.reply = Some((reply, registry_now, born));
+                }
+            }
+            return;
+        }
+        self.apply(c, pending, Some((reply, registry_now, born)));
+    }
+
+    fn deadline(&mut self, c: usize, id: u64) {
+        if self.defer(c, Event::Deadline { copy: c, id }) {
+            return;
+        }
+        let Some(pending) = self.copies[c].pending.filter(|p| p.id == id) else {
+            return;
+        };
+        // A reply that came while the copy was frozen is read now; else the request failed.
+        self.apply(c, pending, pending.reply);
+    }
+
+    /// The holder's handling of a reply (None: the request failed), as `Holder::step`.
+    fn apply(&mut self, c: usize, pending: Pending, answer: Option<(Reply, i64, i64)>) {
+        self.copies[c].pending = None;
+        let t = self.t;
+        let timing = self.copies[c].timing;
+        let heartbeat = timing.heartbeat_ms() as i64;
+        let retry = (heartbeat / 2).max(100);
+        let wall = self.copies[c].wall(t);
+        let sample = |registry_now: i64| ClockSample {
+            sent_unix_ms: pending.sent_wall,
+            received_unix_ms: wall,
+            registry_unix_ms: registry_now,
+            registry_resolution_ms: 0,
+        };
+        let fence = pending.fence;
+        let next = match (pending.request, answer) {
+            (Request::Renew { worker, .. }, Some((Reply::Renewed, now, born))) => {
+                if claim::check_skew(&sample(now), timing).is_err() {
+                    self.fence_copy(c, "skew");
+                } else {
+                    self.copies[c].known_born = Some(born);
+                    self.install(c, worker, fence);
+                }
+                heartbeat
+            }
+            (Request::Renew { .. }, Some((Reply::Lost, _, _))) => {
+                self.fence_copy(c, "lost");
+                1
+            }
+            (Request::Renew { .. }, Some((Reply::Rejected, now, _))) => {
+                if claim::check_skew(&sample(now), timing).is_err() {
+                    self.fence_copy(c, "skew");
+                } else {
+                    self.failed_renewal(c);
+                }
+                retry
+            }
+            (Request::Renew { .. }, _) => {
+                self.failed_renewal(c);
+                retry
+            }
+            (Request::Claim { .. }, Some((Reply::Granted { worker, floor }, now, born))) => {
+                self.copies[c].known_born = Some(born);
+                if claim::check_skew(&sample(now), timing).is_err() {
+                    // Before 0.5.0, an unused claim was given back with a value from the
+                    // clock that had just failed the check.
+                    let value = (!self.fixes.marks_only_rise).then_some(wall);
+                    self.give_back(c, worker, value);
+                    return self.next_step(c, heartbeat);
+                }
+                let recorded = self.copies[c]
+                    .recorded
+                    .filter(|(w, _)| *w == worker)
+                    .map(|(_, f)| f);
+                let clock = if self.fixes.floor_includes_clock {
+                    wall
+                } else {
+                    i64::MIN
+                };
+                let mut new_floor = claim::claim_floor_unix_ms(floor, clock, recorded);
+                if self.fixes.etcd_grant_quarantine && self.space.store == Store::Etcd {
+                    let quarantine =
+                        timing.grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64);
+                    let start_mono = pending.fence.deadline_mono_ms - timing.fence_reach_ms();
+                    self.copies[c].quarantine_until_mono = start_mono + quarantine;
+                    new_floor = new_floor.max(pending.sent_wall + quarantine as i64);
+                }
+                if new_floor - wall > USABLE_FLOOR_LEAD_MS {
+                    self.give_back(c, worker, None);
+                    return self.next_step(c, heartbeat);
+                }
+                let copy = &mut self.copies[c];
+                copy.recorded = Some((worker, new_floor));
+                copy.preferred = Some(worker);
+                // The floor is in memory (and in the claim file); the position moves only
+                // when IDs are issued.
+                copy.floor = copy.floor.max(new_floor);
+                self.install(c, worker, fence);
+                self.note(|| format!("copy {c} holds worker {worker} from {new_floor}"));
+                heartbeat
+            }
+            (Request::Claim { .. }, Some((Reply::Settling { wait_ms }, _, born))) => {
+                self.copies[c].known_born = Some(born);
+                (wait_ms as i64).clamp(10, heartbeat)
+            }
+            (Request::Claim { .. }, Some((Reply::Exhausted, _, _))) => heartbeat,
+            (Request::Claim { .. }, _) => retry,
+            (Request::Release { .. }, _) => return,
+        };
+        self.next_step(c, next);
+    }
+
+    fn next_step(&mut self, c: usize, after: i64) {
+        let t = self.t + after.max(1);
+        self.at(t, Event::Step(c));
+    }
+
+    fn failed_renewal(&mut self, c: usize) {
+        let copy = &self.copies[c];
+        if let Some((_, old)) = copy.held {
+            if claim::after_failed_renewal(old, copy.mono(self.t)) == AfterFailure::Fence {
+                self.fence_copy(c, "fence expired");
+            }
+        }
+    }
+
+    fn install(&mut self, c: usize, worker: u8, fence: Fence) {
+        self.copies[c].held = Some((worker, fence));
+    }
+
+    fn fence_copy(&mut self, c: usize, why: &str) {
+        if self.copies[c].held.take().is_some() {
+            self.note(|| format!("copy {c} fenced: {why}"));
+        }
+    }
+
+    fn give_back(&mut self, c: usize, worker: u8, released: Option<i64>) {
+        let wall = self.copies[c].wall(self.t);
+        self.send(c, Request::Release { worker, released }, wall, Fence::NONE);
+    }
+
+    fn fault(&mut self, i: usize) {
+        let f = self.faults[i];
+        let t = self.t;
+        // The server's newest running copy.
+        let c = (0..self.copies.len())
+            .rev()
+            .find(|&c| self.copies[c].server == f.server && self.copies[c].alive)
+            .unwrap_or(f.server);
+        self.note(|| {
+            format!(
+                "FAULT {:?} on server {} (copy {c}), {} ms, step {} ms",
+                f.kind, f.server, f.length_ms, f.step_ms
+            )
+        });
+        match f.kind {
+            Fault::RegistryRestartEmpty | Fault::RegistryRestore => {
+                let host = self.space.registry_host_clock_ms;
+                if host > 0 {
+                    self.registry.offset = START_UNIX_MS + self.rng.spread(host);
+                }
+                self.registry.data = if f.kind == Fault::RegistryRestore {
+                    // Half the restores go back to between the last two grants: to before
+                    // the id's latest holder, with its predecessor's claim.
+                    let back = match self.grant_times.as_slice() {
+                        [.., before, last] if f.clean => self.rng.range(*before, *last - 1),
+                        _ => t - f.length_ms,
+                    };
+                    self.registry
+                        .snapshots
+                        .iter()
+                        .rev()
+                        .find(|(at, _)| *at <= back)
+                        .map(|(_, d)| d.clone())
+                        .unwrap_or_default()
+                } else {
+                    Data::default()
+                };
+                if self.space.store == Store::Etcd {
+                    // A restored etcd gives each lease its time back in full.
+                    let now = t + self.registry.offset;
+                    for claim in self.registry.data.claims.values_mut() {
+                        claim.expires = now + claim.ttl_ms;
+                    }
+                } else if self.fixes.loss_begins_incarnation
+                    || f.kind == Fault::RegistryRestartEmpty
+                {
+                    self.registry.run += 1;
+                }
+                self.registry.down_until = t + self.rng.range(10, 500);
+            }
+            Fault::RegistryDown => self.registry.down_until = t + f.length_ms,
+            Fault::ServerCrashRestart | Fault::ServerRestart => {
+                let copy = &mut self.copies[c];
+                let held = copy.held.take();
+                copy.pending = None;
+                copy.known_born = None;
+                copy.floor = i64::MIN;
+                copy.etcd = EtcdClient::default();
+                copy.down_until = t + f.length_ms.min(3_000);
+                if !self.fixes.durable_floor {
+                    copy.recorded = None;
+                }
+                if f.kind == Fault::ServerRestart {
+                    self.next_token += 1;
+                    let token = self.next_token;
+                    if let (Some((worker, _)), true) = (held, f.clean) {
+                        let copy = &self.copies[c];
+                        let released = claim::release_high_water(
+                            copy.position,
+                            copy.position,
+                            copy.recorded.map_or(i64::MIN, |r| r.1),
+                        );
+                        self.give_back(c, worker, Some(released));
+                    }
+                    self.copies[c].token = token;
+                }
+                let at = self.copies[c].down_until + 1;
+                self.at(at, Event::Step(c));
+            }
+            Fault::Freeze => self.copies[c].frozen_until = t + f.length_ms,
+            Fault::ClockStep => self.copies[c].clock += f.step_ms,
+            Fault::Partition => self.copies[c].partitioned_until = t + f.length_ms,
+            Fault::MemoryClone => {
+                let mut clone = self.copies[c].clone();
+                clone.pending = None;
+                self.copies.push(clone);
+                self.last_issued.push(self.last_issued[c]);
+                let n = self.copies.len() - 1;
+                self.at(t + 1, Event::Step(n));
+            }
+        }
+    }
+}
