@@ -682,6 +682,13 @@ def etcd_pair(bundle, newcomer=False):
 ETCD_RESTORE_TTL = 4.0
 
 
+def etcd_quarantine(ttl):
+    """How long an etcd grant (but a renewal) waits before its first ID (s): the fence's
+    reach, twice the allowed skew and the registry clock's resolution
+    (ClaimTiming::grant_quarantine_ms, issue 37)."""
+    return ttl / 2 + 2 * ttl / 5 + 1.0
+
+
 def etcd_squat(etcd, ids, ttl_s=900):
     """Fake live servers on `ids` of the datacenter (one long etcd lease), so that the nodes
     compete for the rest."""
@@ -822,7 +829,7 @@ class EtcdRegistry(HABase):
         vanished has lost it (binding it again was tried, and an adversarial review got
         duplicates from it with a restore). Either broken, the errors are a figure; always
         asserted: no duplicate, only 55000, and both nodes issuing again within the bound
-        of a lost claim (the outage, a settle, the free-id wait, a heartbeat)."""
+        of a lost claim (the outage, a settle, a new grant's quarantine, a heartbeat)."""
         etcd, a, b, _ = self.take("frozen")
         wa, wb = self.writing(a, b)
         victim, in_use = self.member_in_use(etcd, [a, b])
@@ -839,7 +846,7 @@ class EtcdRegistry(HABase):
         etcd.wait_healthy(timeout=HANG_GUARD)
         outage = cont_at - stopped_at
         resumed = self.wait_resumed([wa, wb], stopped_at,
-                                    outage + self.TTL + self.TTL / 2 + 2 * self.TTL / 5,
+                                    outage + self.TTL + etcd_quarantine(self.TTL) + self.TTL / 5,
                                     "etcd member SIGSTOP", outage=outage)
         by_woken = etcd_counter(etcd, victim, expired) - expired_before
         until = time.monotonic()
@@ -869,11 +876,10 @@ class EtcdRegistry(HABase):
         watch = StatusWatcher(c)
         # Bound: the cluster back; one ttl of settling from when the registry noticed (the
         # first request after it is back: within a heartbeat); a holder whose claim the
-        # wipe lost then waits as for a free id after a loss (ttl/2 + ttl/5), from its first
-        # request after the settle (within a heartbeat); a heartbeat; then the margin and
-        # the measured scheduling delay (liveness_bound). (Without the free-id wait, a loaded
-        # machine exceeded it: issue 36.)
-        settings = back + self.TTL + self.TTL / 2 + 4 * self.TTL / 5
+        # wipe lost then claims it again from its first request after the settle (within a
+        # heartbeat) and waits out the grant's quarantine; a heartbeat; then the margin and
+        # the measured scheduling delay (liveness_bound).
+        settings = back + self.TTL + 3 * self.TTL / 5 + etcd_quarantine(self.TTL)
         resumed = self.wait_resumed([wa, wb], wiped_at, settings, "etcd restarted empty",
                                     outage=back)
         wc = watch.wait_held(settings, wiped_at)

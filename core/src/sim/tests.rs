@@ -216,6 +216,12 @@ fn surviving_spaces() -> Vec<(&'static str, Space)> {
         wide.late_percent = 2;
         wide.lost_percent = 2;
         out.push((name, wide));
+        // Servers with different claim_ttl, on a registry that keeps its data.
+        let mut mixed = Space::new(3, 2, &every[2..]);
+        mixed.store = store;
+        mixed.ttls_ms = vec![2_000, 10_000, 30_000];
+        mixed.clock_step_ms = 3_000;
+        out.push((name, mixed));
         let mut tight = contended(&every);
         tight.store = store;
         tight.clock_step_ms = 3_000;
