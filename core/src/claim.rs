@@ -13,10 +13,14 @@
 //!   claim (a process frozen by SIGSTOP and woken later) cannot collide: its IDs are below its
 //!   last cap.
 //! - A registry that lost its data (restarted, replaced, restored) lost those marks. It grants
-//!   no free id until `ttl` after it noticed (it "settles"): live holders re-assert their
-//!   claims in that time, and every other holder has passed its fence. Holders' clocks are kept
-//!   within `ttl / 5` of the registry's, so a cap granted before the loss is behind every clock
-//!   by then: `ttl - ttl / 2 - 2 * ttl / 5 > 0`.
+//!   no free id until `ttl + ttl / 5` after it noticed (it "settles"): live holders re-assert
+//!   their claims in that time, and every other holder has passed its fence. Holders' clocks
+//!   are kept within `ttl / 5` of the registry's, so a cap granted before the loss is behind
+//!   every clock by then, with `ttl + ttl / 5 - ttl / 2 - 2 * ttl / 5 = 3 * ttl / 10` to spare
+//!   for the registry's own clock: a registry that comes back on another host (a restart
+//!   elsewhere, a failover) may have a clock that far behind the old one
+//!   ([`ClaimTiming::max_registry_clock_jump_ms`]; issue 37's third path had 1.2 s against the
+//!   `ttl / 10` the settle of one `ttl` left).
 
 /// Default of `snowflake.claim_ttl` (ms).
 pub const DEFAULT_CLAIM_TTL_MS: u64 = 10_000;
@@ -71,11 +75,25 @@ impl ClaimTiming {
         }
     }
 
+    /// How long a registry that noticed a loss of data settles (ms): the claim's ttl, and
+    /// an allowed skew more for a registry whose clock differs from its predecessor's (see
+    /// the module's text).
+    pub fn settle_ms(&self) -> u64 {
+        self.ttl_ms + self.max_skew_ms()
+    }
+
+    /// How far a registry's clock may go back between incarnations (a restart or failover
+    /// onto another host) and the settle still cover every cap granted before: the settle's
+    /// spare over the fence's reach and twice the allowed skew.
+    pub fn max_registry_clock_jump_ms(&self) -> u64 {
+        self.settle_ms() - self.fence_reach_ms() - 2 * self.max_skew_ms()
+    }
+
     /// How long a registry that noticed a loss of data at `born_unix_ms` (its clock) still
     /// refuses free ids at `now_unix_ms` (0: it grants them).
     pub fn settle_wait_ms(&self, born_unix_ms: i64, now_unix_ms: i64) -> u64 {
         born_unix_ms
-            .saturating_add(self.ttl_ms as i64)
+            .saturating_add(self.settle_ms() as i64)
             .saturating_sub(now_unix_ms)
             .max(0) as u64
     }
@@ -517,8 +535,9 @@ mod tests {
         assert!(!T.may_reassert(500, 500, 600));
         // Reborn at 1_000, still settling at 5_000.
         assert!(T.may_reassert(500, 1_000, 5_000));
-        // Settled: the id may have been granted to another server.
-        assert!(!T.may_reassert(500, 1_000, 11_000));
+        // Settled (ttl + ttl / 5): the id may have been granted to another server.
+        assert!(T.may_reassert(500, 1_000, 12_999));
+        assert!(!T.may_reassert(500, 1_000, 13_000));
         assert_eq!(ClaimTiming::usable_floor_lead_ms(1_000, 10_000), 11_000);
     }
 
@@ -565,23 +584,29 @@ mod tests {
             prop_assert!(fence.deadline_mono_ms < registry_expiry);
         }
 
-        /// After a loss of registry data noticed at `born` (registry time), a free id is granted
-        /// only after settling. Any holder whose last renewal started before `born`, with a
-        /// clock within the allowed skew, has a cap below the new holder's clock by then: the
-        /// new holder's IDs (at or after its clock) never meet the old holder's.
+        /// After a loss of registry data noticed at `born` (the new registry's time), a free
+        /// id is granted only after settling. Any holder whose last renewal started before
+        /// the loss, with a clock within the allowed skew of the old registry's, has a cap
+        /// below the new holder's clock by then (within the allowed skew of the new
+        /// registry's, which may be behind the old one's by up to the allowed jump): the new
+        /// holder's IDs (at or after its clock) never meet the old holder's.
         #[test]
         fn settled_registry_outlives_every_lost_cap(ttl in MIN_CLAIM_TTL_MS..MAX_CLAIM_TTL_MS,
                                                     born in 1_000_000i64..1i64 << 41,
                                                     before in 0i64..100_000,
                                                     old_skew in -1.0f64..1.0,
                                                     new_skew in -1.0f64..1.0,
+                                                    jump in 0.0f64..1.0,
                                                     late in 0i64..10_000) {
             let t = ClaimTiming::new(ttl);
             let max = t.max_skew_ms() as f64;
-            // The old holder's renewal started before the loss; its clock read `born - before` + skew.
-            let old_cap = t.fence(born - before + (old_skew * max) as i64, 0).cap_unix_ms;
+            // The old registry's clock was `jump` ahead of the new one's.
+            let ahead = (jump * t.max_registry_clock_jump_ms() as f64) as i64;
+            // The old holder's renewal started before the loss; its clock read `born - before`
+            // (on the old registry's clock) + skew.
+            let old_cap = t.fence(born + ahead - before + (old_skew * max) as i64, 0).cap_unix_ms;
             // The new holder is granted the id once the registry settled (maybe later).
-            let registry_now = born + t.ttl_ms() as i64 + late;
+            let registry_now = born + t.settle_ms() as i64 + late;
             prop_assert_eq!(t.settle_wait_ms(born, registry_now), 0);
             let new_clock = registry_now + (new_skew * max) as i64;
             prop_assert!(new_clock >= old_cap, "new clock {new_clock} below old cap {old_cap}");

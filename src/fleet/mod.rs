@@ -93,6 +93,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         avoided: Vec::new(),
         last_failure: String::new(),
         quarantine_until_mono_ms: None,
+        registry_clock: None,
     };
     let options = registry::Options {
         timeout: Duration::from_millis(timing.heartbeat_ms()),
@@ -187,6 +188,10 @@ struct Holder {
     /// A held claim not to be used before this monotonic time (ms): a grant from a store
     /// whose restores give no sign ([`ClaimTiming::grant_quarantine_ms`]).
     quarantine_until_mono_ms: Option<u64>,
+    /// The registry's incarnation (its birth) and its clock's offset from this server's, as
+    /// last seen: a new incarnation whose clock went back further than the settle covers is
+    /// reported ([`ClaimTiming::max_registry_clock_jump_ms`]).
+    registry_clock: Option<(i64, claim::ClockSample)>,
 }
 
 impl Holder {
@@ -242,6 +247,7 @@ impl Holder {
                         return heartbeat;
                     }
                     self.known_born_unix_ms = Some(observed.born_unix_ms);
+                    self.watch_registry_clock(&observed);
                     self.install(worker_id, fence);
                     self.report_installed(worker_id, expiry(&observed, self.timing))
                 }
@@ -284,6 +290,7 @@ impl Holder {
                 observed,
             )) => {
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
+                self.watch_registry_clock(&observed);
                 if let Err(skew) = claim::check_skew(&observed.sample, self.timing) {
                     // Not used: give it back, leaving its mark as it was.
                     self.give_back(client, worker_id, None);
@@ -352,9 +359,10 @@ impl Holder {
             }
             Ok((ClaimReply::Settling { wait_ms }, observed)) => {
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
+                self.watch_registry_clock(&observed);
                 let why = format!(
-                    "The registry grants free worker ids in {wait_ms} ms: it began less than {} ms ago (new, restarted, crash-restarted, restored or failed over), or this server reached it only just (etcd), and servers still holding claims renew them first.",
-                    self.timing.ttl_ms()
+                    "The registry grants free worker ids in {wait_ms} ms: it began less than {} ms ago (new, restarted, crash-restarted, restored or failed over), and servers still holding claims renew them first.",
+                    self.timing.settle_ms()
                 );
                 self.report(ClaimStatus::Settling, &why, 0);
                 wait_ms.clamp(10, heartbeat)
@@ -426,6 +434,42 @@ impl Holder {
         shared.generator.raise_floor(floor_ts);
         drop(shared);
         self.floor_unix_ms = floor_unix_ms;
+    }
+
+    /// Reports a registry that began anew with a clock further behind its previous one than
+    /// the settle covers (issue 37: a registry restarted on another host, or failed over to
+    /// one, whose clock is behind, gave duplicates; each server passed its own clock check).
+    /// Only a server that saw both incarnations can tell; the settle covers smaller jumps.
+    fn watch_registry_clock(&mut self, observed: &Observed) {
+        let previous = self
+            .registry_clock
+            .replace((observed.born_unix_ms, observed.sample));
+        let Some((born, before)) = previous else {
+            return;
+        };
+        if born == observed.born_unix_ms {
+            return;
+        }
+        let after = observed.sample;
+        let allowed = self.timing.max_registry_clock_jump_ms();
+        // Only what both samples prove: each leaves half its round trip and half the
+        // registry clock's resolution uncertain.
+        let uncertainty = |s: &claim::ClockSample| {
+            (s.received_unix_ms - s.sent_unix_ms).max(0) / 2
+                + s.registry_resolution_ms.max(0) / 2
+                + 1
+        };
+        let back =
+            before.offset_ms() - after.offset_ms() - uncertainty(&before) - uncertainty(&after);
+        if back > allowed as i64 {
+            errors::registry_clock_jumped(
+                &self.uri,
+                before.offset_ms(),
+                after.offset_ms(),
+                allowed,
+            )
+            .warn();
+        }
     }
 
     /// Publishes the status after a claim or renewal succeeded; returns the wait before the

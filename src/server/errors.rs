@@ -697,6 +697,25 @@ pub fn mark_ahead_detail(
     )
 }
 
+/// The WARNING written when a registry comes back from a loss of data with a clock further
+/// behind its previous one than the settle after a loss covers.
+pub fn registry_clock_jumped(
+    registry: &str,
+    offset_before_ms: i64,
+    offset_after_ms: i64,
+    allowed_ms: u64,
+) -> SnowflakeError {
+    let back = offset_before_ms - offset_after_ms;
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("snowflake: registry {registry} came back with a clock {back} ms behind its previous one"),
+        format!(
+            "The registry began anew (restarted, restored or failed over) and its clock now reads {offset_after_ms} ms from this server's, against {offset_before_ms} ms before: more than the {allowed_ms} ms (3/10 of snowflake.claim_ttl) that its settling covers. A server cut off from the registry through the settling could have its worker id given to another server while it still issues, and duplicate IDs follow."
+        ),
+        "Keep the clocks of every host the registry can run on (its replicas, failover targets, the hosts it is restarted on) synchronized with the servers' clocks.",
+    )
+}
+
 /// The LOG line written when a claim is fenced.
 pub fn claim_fenced(datacenter_id: u8, worker_id: u8, registry: &str, why: &str) -> SnowflakeError {
     SnowflakeError::new(

@@ -41,6 +41,10 @@ pub struct Fixes {
     /// can see that. Taken out, the rule of 0.7.0 applies: a free id is taken once seen free,
     /// under the same fleet record, for the fence's reach and a request's time limit.
     pub etcd_grant_quarantine: bool,
+    /// Issue 37: a new incarnation settles `ttl / 5` longer than `ttl`, for a registry whose
+    /// clock is behind its predecessor's (a restart or failover onto another host). Taken
+    /// out: one `ttl`, which covered a jump of `ttl / 10`.
+    pub settle_clock_term: bool,
 }
 
 impl Fixes {
@@ -55,6 +59,7 @@ impl Fixes {
         no_own_claim_while_settling: true,
         renew_only_within_fence: true,
         etcd_grant_quarantine: true,
+        settle_clock_term: true,
     };
 }
 
@@ -872,7 +877,7 @@ impl Sim {
         };
         match request {
             Request::Claim { preferred } => {
-                let settle = timing.settle_wait_ms(born, now);
+                let settle = settle_wait(fixes, timing, born, now);
                 let holders: Vec<(u8, String)> = (0..worker_ids)
                     .filter_map(|w| {
                         holder_of(data, w).map(|(t, from_before)| {
@@ -965,7 +970,9 @@ impl Sim {
                     return (Reply::Renewed, client);
                 }
                 let may = if fixes.reassert_only_after_loss {
-                    reassert.is_some_and(|known| timing.may_reassert(known, born, now))
+                    reassert.is_some_and(|known| {
+                        known != born && settle_wait(fixes, timing, born, now) > 0
+                    })
                 } else {
                     true
                 };
@@ -1223,5 +1230,14 @@ impl Sim {
                 self.at(t + 1, Event::Step(n));
             }
         }
+    }
+}
+
+/// How long a registry born at `born` still settles at `now` (its clock).
+fn settle_wait(fixes: Fixes, timing: ClaimTiming, born: i64, now: i64) -> u64 {
+    if fixes.settle_clock_term {
+        timing.settle_wait_ms(born, now)
+    } else {
+        (born + timing.ttl_ms() as i64 - now).max(0) as u64
     }
 }

@@ -156,6 +156,19 @@ fn known_paths() -> Vec<KnownPath> {
             budget: 5_000,
         },
         KnownPath {
+            name: "issue 37 #3: Redis restarted on a host whose clock differs by up to 2.4 s",
+            space: || {
+                let mut space = contended(&[RegistryRestartEmpty, ServerRestart, Partition]);
+                space.registry_host_clock_ms = 1_200;
+                space
+            },
+            without_fix: |f| Fixes {
+                settle_clock_term: false,
+                ..f
+            },
+            budget: 200_000,
+        },
+        KnownPath {
             name:
                 "issue 36 review: a holder frozen past its fence renewed a claim a restore revived",
             space: || {
@@ -179,14 +192,14 @@ fn open_paths() -> Vec<(&'static str, Space)> {
     let mut mixed = contended(&[RegistryRestartEmpty, ServerRestart]);
     mixed.ttls_ms = vec![2_000, 30_000];
     let mut host = contended(&[RegistryRestartEmpty, ServerRestart]);
-    host.registry_host_clock_ms = 3_000;
+    host.registry_host_clock_ms = 5_000;
     vec![
         (
             "issue 37 #1: claim_ttl differs between servers, registry lost",
             mixed,
         ),
         (
-            "issue 37 #3: registry restarted on a host whose clock differs by 3 s",
+            "issue 37 #3: registry restarted on a host whose clock differs by up to 10 s",
             host,
         ),
         (
@@ -216,6 +229,11 @@ fn surviving_spaces() -> Vec<(&'static str, Space)> {
         wide.late_percent = 2;
         wide.lost_percent = 2;
         out.push((name, wide));
+        // Registry hosts whose clocks differ by up to 2.4 s (within the settle's 3 s).
+        let mut hosts = Space::new(3, 2, &every);
+        hosts.store = store;
+        hosts.registry_host_clock_ms = 1_200;
+        out.push((name, hosts));
         // Servers with different claim_ttl, on a registry that keeps its data.
         let mut mixed = Space::new(3, 2, &every[2..]);
         mixed.store = store;

@@ -765,10 +765,9 @@ impl EtcdRegistry {
 /// Where the registry's settling is measured from: one clock resolution after its birth.
 /// The clock checks let a server's clock be off by up to half the `Date` header's
 /// resolution more than with a millisecond clock, on each side of a handover (the holder
-/// whose cap was lost, the server that takes the id after the loss), so settling lasts one
-/// resolution longer: `ttl + 1 s` covers `ttl / 2 + 2 * (ttl / 5 + 0.5 s)` for every ttl.
-/// `may_reassert` uses the same start, so a holder may re-assert for as long as nobody can
-/// get its id.
+/// whose cap was lost, the server that takes the id after the loss), so settling starts one
+/// resolution later. `may_reassert` uses the same start, so a holder may re-assert for as
+/// long as nobody can get its id.
 fn settle_start(record: &FleetRecord) -> i64 {
     record.born_unix_ms + HTTP_DATE_RESOLUTION_MS
 }

@@ -17,7 +17,8 @@ use snowflake_core::registry_uri::parse_multi_host;
 /// again ("born" now) and settles. Every reply starts with a word, `now` and `born`.
 ///
 /// ARGV: 1 incarnation, 2 epoch, 3 dc, 4 token, 5 ttl, 6 cap, 7 sent, 8 largest lead of
-/// `sent` over `now`, 9 largest age; then the script's own.
+/// `sent` over `now`, 9 largest age, 10 how long a new incarnation settles (all from the
+/// core's `ClaimTiming`, so that the numbers live in one place); then the script's own.
 const REDIS_PRELUDE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,23 +43,23 @@ local function hold(w, token, ttl, cap)
 end
 "#;
 
-/// ARGV: the prelude's, then the ids in order (from 10).
+/// ARGV: the prelude's, then the ids in order (from 11).
 const REDIS_CLAIM: &str = r#"
 local token = ARGV[4]
 local ttl = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
 -- Nothing while settling, not even an own claim: it may come from a restored dump, released
 -- or lapsed before another server took the id (see claim::choose_worker).
-local wait = born + ttl - now
+local wait = born + tonumber(ARGV[10]) - now
 if wait > 0 then return {'settling', now, born, wait} end
-for i = 10, #ARGV do
+for i = 11, #ARGV do
   local w = ARGV[i]
   if redis.call('GET', key('claim', w)) == token then
     hold(w, token, ttl, cap)
     return {'own', now, born, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
   end
 end
-for i = 10, #ARGV do
+for i = 11, #ARGV do
   local w = ARGV[i]
   if redis.call('EXISTS', key('claim', w)) == 0 then
     local mark = tonumber(redis.call('GET', key('released', w)) or redis.call('GET', key('high_water', w)))
@@ -71,21 +72,21 @@ for i = 10, #ARGV do
     return {'free', now, born, tonumber(w)}
   end
 end
-return {'exhausted', now, born, #ARGV - 9}
+return {'exhausted', now, born, #ARGV - 10}
 "#;
 
-/// ARGV: the prelude's, then 10 worker, 11 the incarnation's birth the holder knows ('' to
+/// ARGV: the prelude's, then 11 worker, 12 the incarnation's birth the holder knows ('' to
 /// never re-assert).
 const REDIS_RENEW: &str = r#"
 local token = ARGV[4]
-local w = ARGV[10]
+local w = ARGV[11]
 local v = redis.call('GET', key('claim', w))
 if v == token then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
   return {'renewed', now, born}
 end
-local known = tonumber(ARGV[11])
-if (not v) and known and known ~= born and born + tonumber(ARGV[5]) > now then
+local known = tonumber(ARGV[12])
+if (not v) and known and known ~= born and born + tonumber(ARGV[10]) > now then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
   return {'renewed', now, born}
 end
@@ -368,7 +369,8 @@ impl RedisRegistry {
             .arg(request.cap_unix_ms)
             .arg(request.sent_unix_ms)
             .arg(timing.max_request_lead_ms())
-            .arg(timing.max_request_age_ms());
+            .arg(timing.max_request_age_ms())
+            .arg(timing.settle_ms());
         for arg in extra {
             invocation.arg(arg);
         }
