@@ -234,6 +234,16 @@ fn surviving_spaces() -> Vec<(&'static str, Space)> {
         hosts.store = store;
         hosts.registry_host_clock_ms = 1_200;
         out.push((name, hosts));
+        // A rolling change of claim_ttl by a fifth (docs/fleets.md), through every fault.
+        let mut rolling = Space::new(3, 2, &every);
+        rolling.store = store;
+        rolling.ttls_ms = vec![8_000, 10_000];
+        rolling.clock_step_ms = 3_000;
+        out.push((name, rolling));
+        let mut rolling_contended = contended(&[RegistryRestartEmpty, ServerRestart, Partition]);
+        rolling_contended.store = store;
+        rolling_contended.ttls_ms = vec![8_000, 10_000];
+        out.push((name, rolling_contended));
         // Servers with different claim_ttl, on a registry that keeps its data.
         let mut mixed = Space::new(3, 2, &every[2..]);
         mixed.store = store;
@@ -356,4 +366,26 @@ fn explore_floor_includes_clock() {
         s.found.as_ref().map(|(seed, v)| (seed, &v.what)),
         s.figures()
     );
+}
+
+/// How far apart two servers' claim_ttl may be through a registry loss (docs/fleets.md).
+#[test]
+#[ignore]
+fn explore_ttl_ratios() {
+    for (small, large) in [
+        (8_000, 10_000),
+        (7_000, 10_000),
+        (6_000, 10_000),
+        (5_000, 10_000),
+        (3_000, 10_000),
+    ] {
+        let mut space = contended(&[RegistryRestartEmpty, ServerRestart, Partition]);
+        space.ttls_ms = vec![small, large];
+        let s = search(&space, Fixes::ALL, 0, long_schedules());
+        println!(
+            "{small}/{large}: {:?} {}",
+            s.found.as_ref().map(|(seed, v)| (seed, &v.what)),
+            s.figures()
+        );
+    }
 }
