@@ -33,6 +33,7 @@ import threading
 import time
 import unittest
 import urllib.request
+import uuid
 
 import psycopg
 
@@ -740,6 +741,7 @@ class EtcdRegistry(HABase):
         require(cls, "etcd://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
         cls.prepare(leader=etcd_pair, frozen=etcd_pair,
                     wiped=lambda b: etcd_pair(b, newcomer=True), restored=etcd_trio,
+                    cut_off=etcd_cut_off_holder, revived=etcd_one_free_id,
                     tls=etcd_tls, password=etcd_auth)
 
     def members_in_use(self, etcd, nodes):
@@ -942,6 +944,127 @@ class EtcdRegistry(HABase):
             + "; ".join(w.summary(restored_at) for w in writers)
             + f"; claims now {[claim_state(n) for n in (a, b, c)]}")
         self.assert_no_duplicates(*(w.got for w in writers))
+
+    def test_restore_loses_a_grant_whose_holder_is_cut_off(self):
+        """Issue 37, path 2: etcd restored from a snapshot taken before node H was granted
+        worker id w, while H is cut off from etcd (its registry worker SIGSTOPped right after
+        a renewal: its sessions go on issuing under their fence), and the node clocks at
+        opposite ends of the allowed skew (H ahead of etcd's clock by claim_ttl/5 less
+        0.1 s, node B behind by as much). B starts after the restore, finds w free and takes
+        it. 0.7.0 let B issue after its free-id wait (claim_ttl/2 + claim_ttl/5 from its
+        first sight of w free), which has no clock term: B's first IDs were below what H
+        had issued (600 duplicates in a run). Since issue 37 every etcd grant but a renewal is used only after its
+        quarantine (claim_ttl/2 + 2 claim_ttl/5 + 1 s from its request's send). H is thawed
+        once B issues past H's last ID; no ID may repeat."""
+        etcd, h, b, w, token = self.take("cut_off")
+        ttl = ETCD_CUTOFF_TTL
+        wh = self.writing(h)[0]
+        wait_renewal(h)
+        h_worker = registry_worker_pid(h)
+        os.kill(h_worker, signal.SIGSTOP)
+        cut_at = time.monotonic()
+        try:
+            swap_restored(etcd, token)
+            restored_at = time.monotonic()
+            # The snapshot is from before H's grant: w is free in the restored store.
+            self.assertEqual(etcd_claim_holder(etcd, w), None)
+            up(b)
+            wb = Writer(b)  # B has no id yet: it issues once it takes w
+            wb.start()
+            self.writers.append(wb)
+            wait_until(lambda: wb.got, what="B issuing")
+            self.assertEqual(claim_state(b), ("held", w), "B took another id than H's")
+            # H's sessions stop at their fence (H's worker is still frozen), then B issues
+            # past the last ID H gave: every millisecond both could use is behind.
+            wait_until(lambda: wh.errors_since(cut_at), what="H's sessions at their fence")
+            h_last = decode(wh.got[-1])[0]
+            wait_until(lambda: decode(wb.got[-1])[0] > h_last, what="B past H's last ID")
+        finally:
+            os.kill(h_worker, signal.SIGCONT)
+        # Thawed, H finds its claim gone (0.7.0: its renewal is refused) or claims again.
+        wait_until(lambda: claim_state(h)[0] != "held", what="H, thawed, not holding")
+        time.sleep(1.0)
+        self.stop_writers(wh, wb)
+        dup = duplicates(wh.got, wb.got)
+        h_after = [t for t in wh.ok_times if t > cut_at]
+        report_figure("etcd restored, holder cut off, clocks skewed",
+                      f"claim_ttl {ttl:.0f} s, clocks H +{ETCD_CUTOFF_SKEW_MS} ms, B "
+                      f"-{ETCD_CUTOFF_SKEW_MS} ms; restore took {restored_at - cut_at:.2f} s "
+                      f"after H was cut off; H issued until +{h_after[-1] - cut_at:.2f} s "
+                      f"after its cut-off ({len(wh.got)} IDs); B issued from "
+                      f"+{wb.ok_times[0] - restored_at:.2f} s after the restore "
+                      f"({len(wb.got)} IDs); H status after thaw {claim_state(h)}; "
+                      f"{len(dup)} duplicates")
+        # The scenario happened: H's sessions issued under its lost grant after the restore.
+        self.assertTrue(any(t > restored_at for t in wh.ok_times),
+                        f"H issued nothing after the restore ({restored_at - cut_at:.2f} s "
+                        f"after its cut-off): the scenario did not happen")
+        self.assert_no_duplicates(wh.got, wb.got,
+                                  context=f"(H {h.name}, B {b.name}, worker id {w})")
+
+    def test_holder_frozen_past_its_fence_renews_no_revived_claim(self):
+        """A holder frozen past its fence must not renew a claim that a restore revived.
+        Node H holds the only free id w; right after a renewal its registry worker is
+        SIGSTOPped and a snapshot taken (H's claim and lease in it). H's claim lapses, node E
+        takes w and issues; E's registry worker is SIGSTOPped right after a renewal (its
+        sessions go on issuing under their fence). etcd is restored to the snapshot, which
+        gives H's lease its time back, and H's worker thawed: it saw nothing of the lost
+        history (its last read and write are in the snapshot). 0.7.0 renewed the claim by
+        its token and issued while E's sessions still did (11,700 duplicates in a run); since issue
+        37 a holder whose fence expired claims again, and the grant is quarantined. No ID
+        may repeat."""
+        etcd, h, e, w = self.take("revived")
+        wh = self.writing(h)[0]
+        we = Writer(e)  # E has no id yet: it issues once it takes w
+        we.start()
+        self.writers.append(we)
+        wait_renewal(h)
+        h_worker = registry_worker_pid(h)
+        frozen = [h_worker]
+        os.kill(h_worker, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            snapshot = etcd.snapshot("holder-frozen.db")
+            token = prepare_restore(etcd, snapshot)
+            wait_until(lambda: claim_state(e) == ("held", w), what="E takes H's lapsed id")
+            wait_until(lambda: we.got, what="E issuing")
+            wait_renewal(e)
+            e_worker = registry_worker_pid(e)
+            frozen.append(e_worker)
+            os.kill(e_worker, signal.SIGSTOP)
+            e_frozen_at = time.monotonic()
+            swap_restored(etcd, token)
+            restored_at = time.monotonic()
+            # H's claim is in the store again, alive.
+            self.assertTrue(etcd_claim_holder(etcd, w), "the restore did not revive H's claim")
+            os.kill(h_worker, signal.SIGCONT)
+            frozen.remove(h_worker)
+            thawed_at = time.monotonic()
+            # E's sessions stop at their fence; H issues again (0.7.0: at once, by its
+            # token; since issue 37: after a new grant's quarantine).
+            wait_until(lambda: we.errors_since(e_frozen_at), what="E's sessions at their fence")
+            wait_until(lambda: any(t > thawed_at for t in wh.ok_times),
+                       what="H issuing again")
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: claim_state(e)[0] != "held", what="E, thawed, not holding")
+        time.sleep(1.0)
+        self.stop_writers(wh, we)
+        dup = duplicates(wh.got, we.got)
+        e_after = [t for t in we.ok_times if t > e_frozen_at]
+        h_again = [t for t in wh.ok_times if t > thawed_at]
+        report_figure("etcd restored, frozen holder's claim revived",
+                      f"claim_ttl {ETCD_TTL:.0f} s; H frozen {thawed_at - frozen_at:.1f} s; "
+                      f"restore took {restored_at - e_frozen_at:.2f} s after E was frozen; "
+                      f"E issued until +{(e_after[-1] - e_frozen_at) if e_after else 0:.2f} s "
+                      f"after its freeze ({len(we.got)} IDs); H issued again from "
+                      f"+{h_again[0] - thawed_at:.2f} s after its thaw ({len(wh.got)} IDs); "
+                      f"{len(dup)} duplicates")
+        self.assertTrue(any(t > restored_at for t in we.ok_times),
+                        "E issued nothing after the restore: the scenario did not happen")
+        self.assert_no_duplicates(wh.got, we.got,
+                                  context=f"(H {h.name}, E {e.name}, worker id {w})")
 
     def test_tls_right_and_wrong_ca(self):
         if "tls" not in self.prep.jobs:
@@ -1280,6 +1403,102 @@ class CoordinatorFailover(HABase):
             self.skipTest("no snowflake.registry_password_file")
         pair, a, nopw = self.take("password")
         self.check_password(COORD_PASSWORD, a, nopw)
+
+
+
+# --------------------------------------------------------------------------------------
+# etcd restores with a holder out of reach (issue 37)
+
+# Issue 37, path 2: the default claim_ttl; the node clocks at opposite ends of the allowed
+# skew (claim_ttl/5 each way, less 0.1 s).
+ETCD_CUTOFF_TTL = ETCD_TTL
+ETCD_CUTOFF_SKEW_MS = int(ETCD_CUTOFF_TTL * 1000) // 5 - 100
+
+
+def wait_renewal(c):
+    """Waits for the next renewal of c's claim (its expiry moves)."""
+    query = "SELECT claim_expires_at FROM snowflake_stats()"
+    expires = c.one(query)
+    wait_until(lambda: c.one(query) != expires, what=f"a renewal of {c.name}")
+
+
+def etcd_claim_holder(etcd, w):
+    """The token in the claim key of worker id w (None if there is none)."""
+    out = etcd.etcdctl("get", f"/snowflake/claim/{DC}/{w}", "--print-value-only").stdout.strip()
+    return out or None
+
+
+def prepare_restore(etcd, snapshot):
+    """`etcdctl snapshot restore` of `snapshot` into fresh data directories beside the
+    members' (a new cluster token): the first half of EtcdCluster.restore_all, done ahead so
+    that the restore itself (swap_restored) is only the members' restart. Returns the token."""
+    token = f"snowflake-restored-{uuid.uuid4().hex[:8]}"
+    initial = ",".join(f"{etcd.names[j]}=http://127.0.0.1:{etcd.peer_ports[j]}"
+                       for j in range(etcd.n))
+    for i in range(etcd.n):
+        target = etcd.data_dir(i) + ".restored"
+        shutil.rmtree(target, ignore_errors=True)
+        r = subprocess.run(
+            ["etcdctl", "snapshot", "restore", snapshot, "--name", etcd.names[i],
+             "--initial-cluster", initial, "--initial-cluster-token", token,
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd.peer_ports[i]}",
+             "--data-dir", target],
+            capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"})
+        if r.returncode != 0:
+            raise RuntimeError(f"etcdctl snapshot restore: {r.stderr}")
+    return token
+
+
+def swap_restored(etcd, token):
+    """The second half of EtcdCluster.restore_all: every member SIGKILLed, the directories
+    prepare_restore made swapped in, the members started, and a wait for a leader."""
+    for i in range(etcd.n):
+        etcd.kill(i)
+    for i in range(etcd.n):
+        shutil.rmtree(etcd.data_dir(i), ignore_errors=True)
+        os.rename(etcd.data_dir(i) + ".restored", etcd.data_dir(i))
+    etcd.token = token
+    for i in range(etcd.n):
+        etcd._spawn(i, "existing")
+    etcd.wait_healthy()
+
+
+def etcd_cut_off_holder(bundle):
+    """An etcd cluster whose datacenter has one free id w; node H (its clock ahead of etcd's
+    by ETCD_CUTOFF_SKEW_MS) holds it, granted after a snapshot that has the fleet record and
+    w free (prepared for a restore); node B (its clock behind by as much) initialized, not
+    started. Returns (etcd, H, B, w, the prepared restore's token)."""
+    etcd = etcd_cluster(bundle)
+    etcd_squat(etcd, range(1, 32))
+    settings = node_settings(etcd.uri(), ETCD_CUTOFF_TTL)
+    h = new_cluster(bundle, "hcut", settings)
+    h.init()
+    h.use_clock_shim(ETCD_CUTOFF_SKEW_MS)
+    up(h)
+    # The registry begins (the fleet record) and settles for one ttl before any grant.
+    wait_until(lambda: etcd.etcdctl("get", "/snowflake/fleet", "--keys-only").stdout.strip(),
+               what="the fleet record")
+    snapshot = etcd.snapshot("before-grant.db")
+    w = wait_claimed(h)
+    b = new_cluster(bundle, "bcut", settings)
+    b.init()
+    b.use_clock_shim(-ETCD_CUTOFF_SKEW_MS)
+    return etcd, h, b, w, prepare_restore(etcd, snapshot)
+
+
+def etcd_one_free_id(bundle):
+    """An etcd cluster whose datacenter has one free id w, node H holding it and node E
+    left waiting (exhausted). Returns (etcd, H, E, w)."""
+    etcd = etcd_cluster(bundle)
+    etcd_squat(etcd, range(1, 32))
+    settings = node_settings(etcd.uri(), ETCD_TTL)
+    nodes = start_nodes(bundle, [("rva", settings), ("rvb", settings)])
+    wait_until(lambda: any(claim_state(n)[0] == "held" for n in nodes),
+               what="one node holding the free id")
+    h = next(n for n in nodes if claim_state(n)[0] == "held")
+    (e,) = [n for n in nodes if n is not h]
+    wait_until(lambda: claim_state(e)[0] == "exhausted", what="the other node exhausted")
+    return etcd, h, e, claim_state(h)[1]
 
 
 if __name__ == "__main__":
