@@ -311,19 +311,25 @@ impl ClaimTiming {
             && self.settle_wait_ms(registry_born_unix_ms, registry_unix_ms) > 0
     }
 
-    /// How long after sending the request that won it a claim from a store that can lose
-    /// writes without a sign (etcd restored from a snapshot) may first be used: nothing is
-    /// issued under it before, and its IDs start at or above the request's send time plus
-    /// this (its wall clock). A restore can lose a grant of the same id made just before it,
-    /// whose holder, cut off from the store, goes on issuing under its fence; no wait before
-    /// the grant can see such a holder (the waiter may never have seen its claim), so the wait
-    /// comes after: that holder's last renewal began before this request was sent, so its
-    /// cap is below the send time (on its clock) plus the fence's reach; its clock and this
-    /// server's may differ by twice the allowed skew, and each reading of a whole-second
-    /// registry clock by half its resolution (`registry_resolution_ms`). Issue 37's
-    /// simulator found the waits before a grant insufficient whatever their length.
+    /// How long after its reply a claim from a store that can lose writes without a sign
+    /// (etcd restored from a snapshot) may first be used: nothing is issued under it before,
+    /// and its IDs start at or above the reply's arrival plus this (its wall clock). A restore
+    /// can lose a grant of the same id made just before it, whose holder, cut off from the
+    /// store, goes on issuing under its fence; no wait before the grant can see such a
+    /// holder (the waiter may never have seen its claim), so the wait comes after. That
+    /// holder's last renewal began before this grant's read of the store, so before its reply
+    /// arrived (not before its request was sent: a request held up, or retried on another
+    /// member, reads the store later; an adversarial review got duplicates from the send);
+    /// its cap is below that plus the fence's reach, on a clock that may lead this server's
+    /// by twice the allowed skew, plus the registry clock jump the settle allows (the two
+    /// clocks were checked against different members, or a member and its restored
+    /// successor), plus the registry clock's resolution (`registry_resolution_ms`). Issue
+    /// 37's simulator found the waits before a grant insufficient whatever their length.
     pub fn grant_quarantine_ms(&self, registry_resolution_ms: u64) -> u64 {
-        self.fence_reach_ms() + 2 * self.max_skew_ms() + registry_resolution_ms
+        self.fence_reach_ms()
+            + 2 * self.max_skew_ms()
+            + self.max_registry_clock_jump_ms()
+            + registry_resolution_ms
     }
 
     /// How far ahead of this server's clock a claim's floor may be and still be used: a
@@ -648,21 +654,25 @@ mod tests {
 
         /// A grant from a store that loses writes without a sign is used only after its
         /// quarantine: whatever another holder of the id could issue under a renewal begun
-        /// before this grant's request (clocks within the allowed skew of the registry's,
-        /// read to half its resolution) is below this server's first ID.
+        /// before this grant's reply arrived (each clock within the allowed skew of the
+        /// registry member it talked to, read to half its resolution, the members' clocks
+        /// apart by up to the allowed jump) is below this server's first ID.
         #[test]
         fn quarantine_outlasts_every_earlier_cap(ttl in MIN_CLAIM_TTL_MS..MAX_CLAIM_TTL_MS,
-                                                 send_real in 0i64..1i64 << 40,
+                                                 reply_real in 0i64..1i64 << 40,
                                                  before in 0i64..100_000,
                                                  old_skew in -1.0f64..1.0,
-                                                 new_skew in -1.0f64..1.0) {
+                                                 new_skew in -1.0f64..1.0,
+                                                 jump in 0.0f64..1.0) {
             let t = ClaimTiming::new(ttl);
             let resolution = crate::kvclaims::HTTP_DATE_RESOLUTION_MS;
             let max = t.max_skew_ms() as f64 + resolution as f64 / 2.0;
-            // The other holder's renewal began `before` ms before this request was sent.
-            let old_cap = t.fence(send_real - before + (old_skew * max) as i64, 0).cap_unix_ms;
-            let sent_wall = send_real + (new_skew * max) as i64;
-            let first_id = sent_wall + t.grant_quarantine_ms(resolution as u64) as i64;
+            // The other holder's member's clock was `jump` ahead of this server's member's.
+            let ahead = (jump * t.max_registry_clock_jump_ms() as f64) as i64;
+            // The other holder's renewal began `before` ms before this grant's reply arrived.
+            let old_cap = t.fence(reply_real - before + ahead + (old_skew * max) as i64, 0).cap_unix_ms;
+            let received_wall = reply_real + (new_skew * max) as i64;
+            let first_id = received_wall + t.grant_quarantine_ms(resolution as u64) as i64;
             prop_assert!(first_id >= old_cap, "first ID {first_id} below an earlier cap {old_cap}");
         }
 

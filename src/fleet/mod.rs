@@ -300,14 +300,15 @@ impl Holder {
                 let recorded = self
                     .recorded
                     .and_then(|r| r.floor_for(self.config.datacenter_id, worker_id));
-                // A quarantined grant's IDs start at or above the request's send plus the
-                // quarantine, whatever the clock does meanwhile.
                 let floor = claim::claim_floor_unix_ms(
                     floor_unix_ms,
                     observed.sample.received_unix_ms,
                     recorded,
-                )
-                .max(started_unix_ms.saturating_add(quarantine_ms as i64));
+                );
+                // The floor the registry and the claim file set must be near the clock; the
+                // quarantine's own term is not a mark (the clock reaches it as the quarantine
+                // runs out), so it is added after this check (else every etcd claim with a
+                // claim_ttl above about 11 s was given back for good: issue 37's review).
                 let ahead = floor - now_unix_ms();
                 if ahead > usable_lead {
                     self.give_back(client, worker_id, None);
@@ -327,6 +328,21 @@ impl Holder {
                     // Try the other ids at once.
                     return 1;
                 }
+                // A quarantined grant is used from its quarantine's end, counted from when its
+                // reply came (the step may have read the store well after it began: a request
+                // held up, a retry on another member), and its IDs start at or above that time
+                // on this server's clock, whatever the clock does meanwhile.
+                let received_mono_ms = monotonic_ms();
+                let floor = if quarantine_ms > 0 {
+                    floor.max(
+                        observed
+                            .sample
+                            .received_unix_ms
+                            .saturating_add(quarantine_ms as i64),
+                    )
+                } else {
+                    floor
+                };
                 // The floor is durable before the claim is used: no restart loses it.
                 let last = LastClaim {
                     datacenter_id: self.config.datacenter_id,
@@ -344,7 +360,7 @@ impl Holder {
                 self.preferred = Some(worker_id);
                 self.raise_floor(floor);
                 self.quarantine_until_mono_ms =
-                    (quarantine_ms > 0).then(|| started_mono_ms.saturating_add(quarantine_ms));
+                    (quarantine_ms > 0).then(|| received_mono_ms.saturating_add(quarantine_ms));
                 self.install(worker_id, fence);
                 let wait = self.report_installed(worker_id, expiry(&observed, self.timing));
                 errors::claimed(

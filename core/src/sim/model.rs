@@ -1078,16 +1078,16 @@ impl Sim {
                     i64::MIN
                 };
                 let mut new_floor = claim::claim_floor_unix_ms(floor, clock, recorded);
-                if self.fixes.etcd_grant_quarantine && self.space.store == Store::Etcd {
-                    let quarantine =
-                        timing.grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64);
-                    let start_mono = pending.fence.deadline_mono_ms - timing.fence_reach_ms();
-                    self.copies[c].quarantine_until_mono = start_mono + quarantine;
-                    new_floor = new_floor.max(pending.sent_wall + quarantine as i64);
-                }
                 if new_floor - wall > USABLE_FLOOR_LEAD_MS {
                     self.give_back(c, worker, None);
                     return self.next_step(c, heartbeat);
+                }
+                if self.fixes.etcd_grant_quarantine && self.space.store == Store::Etcd {
+                    // Counted from the reply (see `ClaimTiming::grant_quarantine_ms`).
+                    let quarantine =
+                        timing.grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64);
+                    self.copies[c].quarantine_until_mono = self.copies[c].mono(t) + quarantine;
+                    new_floor = new_floor.max(wall + quarantine as i64);
                 }
                 let copy = &mut self.copies[c];
                 copy.recorded = Some((worker, new_floor));

@@ -102,7 +102,7 @@ pub enum ClaimReply {
         /// above the id's mark for a free id, the floor recorded then for an own one. None:
         /// never recorded, or lost with the registry's data (which then settled first).
         floor_unix_ms: Option<i64>,
-        /// How long after the request's send the claim may first be used (ms): 0 for a store
+        /// How long after its reply the claim may first be used (ms): 0 for a store
         /// that signals every loss of data (Redis, a coordinator), the quarantine of
         /// [`ClaimTiming::grant_quarantine_ms`] for etcd, whose restores give no sign.
         quarantine_ms: u64,
