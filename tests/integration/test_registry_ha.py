@@ -683,11 +683,18 @@ def etcd_pair(bundle, newcomer=False):
 ETCD_RESTORE_TTL = 4.0
 
 
+def settle(ttl):
+    """How long a registry that lost its data grants no free id (s): the ttl and the
+    allowed skew, for a registry back on a host with another clock (ClaimTiming::settle_ms,
+    issue 37)."""
+    return ttl + ttl / 5
+
+
 def etcd_quarantine(ttl):
-    """How long an etcd grant (but a renewal) waits before its first ID (s): the fence's
-    reach, twice the allowed skew and the registry clock's resolution
-    (ClaimTiming::grant_quarantine_ms, issue 37)."""
-    return ttl / 2 + 2 * ttl / 5 + 1.0
+    """How long an etcd grant (but a renewal) waits before its first ID, from its reply (s):
+    the fence's reach, twice the allowed skew, the registry clock jump the settle allows and
+    the registry clock's resolution (ClaimTiming::grant_quarantine_ms, issue 37)."""
+    return ttl / 2 + 2 * ttl / 5 + 3 * ttl / 10 + 1.0
 
 
 def etcd_squat(etcd, ids, ttl_s=900):
@@ -848,7 +855,7 @@ class EtcdRegistry(HABase):
         etcd.wait_healthy(timeout=HANG_GUARD)
         outage = cont_at - stopped_at
         resumed = self.wait_resumed([wa, wb], stopped_at,
-                                    outage + self.TTL + etcd_quarantine(self.TTL) + self.TTL / 5,
+                                    outage + settle(self.TTL) + etcd_quarantine(self.TTL) + self.TTL / 5,
                                     "etcd member SIGSTOP", outage=outage)
         by_woken = etcd_counter(etcd, victim, expired) - expired_before
         until = time.monotonic()
@@ -876,12 +883,12 @@ class EtcdRegistry(HABase):
         back = time.monotonic() - wiped_at
         up(c)
         watch = StatusWatcher(c)
-        # Bound: the cluster back; one ttl of settling from when the registry noticed (the
+        # Bound: the cluster back; a settle (ttl + ttl/5) from when the registry noticed (the
         # first request after it is back: within a heartbeat); a holder whose claim the
         # wipe lost then claims it again from its first request after the settle (within a
         # heartbeat) and waits out the grant's quarantine; a heartbeat; then the margin and
         # the measured scheduling delay (liveness_bound).
-        settings = back + self.TTL + 3 * self.TTL / 5 + etcd_quarantine(self.TTL)
+        settings = back + settle(self.TTL) + 3 * self.TTL / 5 + etcd_quarantine(self.TTL)
         resumed = self.wait_resumed([wa, wb], wiped_at, settings, "etcd restarted empty",
                                     outage=back)
         wc = watch.wait_held(settings, wiped_at)
@@ -1125,7 +1132,7 @@ class SentinelRegistry(HABase):
 
     def test_master_killed_sentinels_fail_over_nodes_resume(self):
         """SIGKILL of the master; the Sentinels promote the replica. The nodes issue again by
-        themselves within: the failover, plus one ttl of settling from when the registry
+        themselves within: the failover, plus a settle (ttl + ttl/5) from when the registry
         noticed (the next renewal, within ttl/10 of the failover), plus a heartbeat, plus
         the margin. A node started after the failover waits for the registry to settle."""
         s, a, b, c = self.take("failover")
@@ -1136,7 +1143,7 @@ class SentinelRegistry(HABase):
         failover = time.monotonic() - killed_at
         up(c)
         watch = StatusWatcher(c)
-        settings = failover + self.TTL + 3 * self.TTL / 10
+        settings = failover + settle(self.TTL) + 3 * self.TTL / 10
         resumed = self.wait_resumed([wa, wb], killed_at, settings, "Sentinel failover",
                                     outage=failover)
         wc = watch.wait_held(settings, killed_at)
@@ -1356,7 +1363,7 @@ class CoordinatorFailover(HABase):
         """The coordinator's primary stops at once (immediate), its standby is promoted; the
         nodes follow through the multi-host URI (target_session_attrs=read-write). The
         promoted server's incarnation token (an unlogged table) is gone: the registry
-        settles. Bound: the promotion, one ttl of settling, a retry and a heartbeat, the
+        settles. Bound: the promotion, a settle (ttl + ttl/5), a retry and a heartbeat, the
         margin."""
         pair, a, b, c = self.take("failover")
         wa, wb = self.writing(a, b)
@@ -1365,7 +1372,7 @@ class CoordinatorFailover(HABase):
         took = pair.fail_over()
         up(c)
         watch = StatusWatcher(c)
-        settings = took + self.TTL + 3 * self.TTL / 10
+        settings = took + settle(self.TTL) + 3 * self.TTL / 10
         resumed = self.wait_resumed([wa, wb], killed_at, settings, "coordinator failover",
                                     outage=took)
         wc = watch.wait_held(settings, killed_at)
