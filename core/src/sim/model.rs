@@ -1078,7 +1078,7 @@ impl Sim {
                     i64::MIN
                 };
                 let mut new_floor = claim::claim_floor_unix_ms(floor, clock, recorded);
-                if new_floor - wall > USABLE_FLOOR_LEAD_MS {
+                if new_floor.saturating_sub(wall) > USABLE_FLOOR_LEAD_MS {
                     self.give_back(c, worker, None);
                     return self.next_step(c, heartbeat);
                 }
