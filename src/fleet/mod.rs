@@ -328,22 +328,10 @@ impl Holder {
                     // Try the other ids at once.
                     return 1;
                 }
-                // A quarantined grant is used from its quarantine's end, counted from when its
-                // reply came (the step may have read the store well after it began: a request
-                // held up, a retry on another member), and its IDs start at or above that time
-                // on this server's clock, whatever the clock does meanwhile.
-                let received_mono_ms = monotonic_ms();
-                let floor = if quarantine_ms > 0 {
-                    floor.max(
-                        observed
-                            .sample
-                            .received_unix_ms
-                            .saturating_add(quarantine_ms as i64),
-                    )
-                } else {
-                    floor
-                };
-                // The floor is durable before the claim is used: no restart loses it.
+                // The floor is durable before the claim is used: no restart loses it. (Without
+                // a quarantine's term: a claim taken again after a crash restart in its
+                // quarantine is quarantined anew, later, and a recorded term would read as a
+                // mark ahead of the clock: issue 37's second review.)
                 let last = LastClaim {
                     datacenter_id: self.config.datacenter_id,
                     worker_id,
@@ -356,6 +344,18 @@ impl Holder {
                     self.report(ClaimStatus::Refused, &why, 0);
                     return heartbeat;
                 }
+                // A quarantined grant is used from its quarantine's end, counted from now,
+                // after its reply came (the step may have read the store well after it began:
+                // a request held up, a retry on another member; and the clock sample is
+                // taken before the step's reads, so it is not the reply's time: issue 37's
+                // second review), and its IDs start at or above that time on this server's
+                // clock, whatever the clock does meanwhile.
+                let received_mono_ms = monotonic_ms();
+                let floor = if quarantine_ms > 0 {
+                    floor.max(now_unix_ms().saturating_add(quarantine_ms as i64))
+                } else {
+                    floor
+                };
                 self.recorded = Some(last);
                 self.preferred = Some(worker_id);
                 self.raise_floor(floor);
