@@ -330,6 +330,21 @@ class EtcdCluster:
                     pass
         return out
 
+    def diagnosis(self, lines=15):
+        """What each member says (its endpoint status, the tail of its log), for a wait that
+        timed out: a stress run once waited 120 s for an election in vain, and the cluster
+        was gone before anyone could look (issue 37)."""
+        out = [f"status: {self.status()}"]
+        for name in self.names:
+            path = os.path.join(self.dir, f"{name}.log")
+            try:
+                with open(path, errors="replace") as f:
+                    tail = f.readlines()[-lines:]
+            except OSError as e:
+                tail = [f"({e})\n"]
+            out.append(f"--- {name}.log\n" + "".join(tail))
+        return "\n".join(out)
+
     def leader(self, check=True):
         """Index of the member that leads (as the answering members agree), or None."""
         status = self.status()

@@ -804,8 +804,11 @@ class EtcdRegistry(HABase):
         leader, in_use = self.member_in_use(etcd, [a, b])
         etcd.kill(leader)
         killed_at = time.monotonic()
-        wait_until(lambda: etcd.leader(check=False) not in (None, leader), timeout=HANG_GUARD,
-                   what="a new etcd leader")
+        try:
+            wait_until(lambda: etcd.leader(check=False) not in (None, leader),
+                       timeout=HANG_GUARD, what="a new etcd leader")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{etcd.diagnosis()}") from None
         election = time.monotonic() - killed_at
         # Real time passes (scenario): a holder that could not renew stops ttl/2 after its
         # last renewal began; watch past that, a heartbeat and the election.
