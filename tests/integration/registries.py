@@ -264,9 +264,15 @@ class EtcdCluster:
         return path
 
     def restore_all(self, snapshot, timeout=HANG_GUARD):
-        """The whole cluster restored from `snapshot` (`etcdctl snapshot restore` into fresh
-        data directories, same names and ports, a new cluster token), as an operator restores
-        a backup: every member SIGKILLed, the restored directories swapped in, started."""
+        """The whole cluster restored from `snapshot`, as an operator restores a backup:
+        prepare_restore, then swap_restored."""
+        self.swap_restored(self.prepare_restore(snapshot), timeout=timeout)
+
+    def prepare_restore(self, snapshot):
+        """`etcdctl snapshot restore` of `snapshot` into fresh data directories beside the
+        members' (same names and ports, a new cluster token), done ahead when a test needs
+        the restore itself to be only the members' restart (swap_restored). Returns the
+        token."""
         token = f"snowflake-restored-{uuid.uuid4().hex[:8]}"
         initial = ",".join(f"{self.names[j]}=http://127.0.0.1:{self.peer_ports[j]}"
                            for j in range(self.n))
@@ -281,6 +287,11 @@ class EtcdCluster:
                 capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"})
             if r.returncode != 0:
                 raise RuntimeError(f"etcdctl snapshot restore: {r.stderr}")
+        return token
+
+    def swap_restored(self, token, timeout=HANG_GUARD):
+        """Every member SIGKILLed, the directories prepare_restore made swapped in, the
+        members started, and a wait until the cluster is healthy."""
         for i in range(self.n):
             self.kill(i)
         for i in range(self.n):

@@ -33,7 +33,6 @@ import threading
 import time
 import unittest
 import urllib.request
-import uuid
 
 import psycopg
 
@@ -974,7 +973,7 @@ class EtcdRegistry(HABase):
         os.kill(h_worker, signal.SIGSTOP)
         cut_at = time.monotonic()
         try:
-            swap_restored(etcd, token)
+            etcd.swap_restored(token)
             restored_at = time.monotonic()
             # The snapshot is from before H's grant: w is free in the restored store.
             self.assertEqual(etcd_claim_holder(etcd, w), None)
@@ -1035,7 +1034,7 @@ class EtcdRegistry(HABase):
         frozen_at = time.monotonic()
         try:
             snapshot = etcd.snapshot("holder-frozen.db")
-            token = prepare_restore(etcd, snapshot)
+            token = etcd.prepare_restore(snapshot)
             wait_until(lambda: claim_state(e) == ("held", w), what="E takes H's lapsed id")
             wait_until(lambda: we.got, what="E issuing")
             wait_renewal(e)
@@ -1043,7 +1042,7 @@ class EtcdRegistry(HABase):
             frozen.append(e_worker)
             os.kill(e_worker, signal.SIGSTOP)
             e_frozen_at = time.monotonic()
-            swap_restored(etcd, token)
+            etcd.swap_restored(token)
             restored_at = time.monotonic()
             # H's claim is in the store again, alive.
             self.assertTrue(etcd_claim_holder(etcd, w), "the restore did not revive H's claim")
@@ -1438,41 +1437,6 @@ def etcd_claim_holder(etcd, w):
     return out or None
 
 
-def prepare_restore(etcd, snapshot):
-    """`etcdctl snapshot restore` of `snapshot` into fresh data directories beside the
-    members' (a new cluster token): the first half of EtcdCluster.restore_all, done ahead so
-    that the restore itself (swap_restored) is only the members' restart. Returns the token."""
-    token = f"snowflake-restored-{uuid.uuid4().hex[:8]}"
-    initial = ",".join(f"{etcd.names[j]}=http://127.0.0.1:{etcd.peer_ports[j]}"
-                       for j in range(etcd.n))
-    for i in range(etcd.n):
-        target = etcd.data_dir(i) + ".restored"
-        shutil.rmtree(target, ignore_errors=True)
-        r = subprocess.run(
-            ["etcdctl", "snapshot", "restore", snapshot, "--name", etcd.names[i],
-             "--initial-cluster", initial, "--initial-cluster-token", token,
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd.peer_ports[i]}",
-             "--data-dir", target],
-            capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"})
-        if r.returncode != 0:
-            raise RuntimeError(f"etcdctl snapshot restore: {r.stderr}")
-    return token
-
-
-def swap_restored(etcd, token):
-    """The second half of EtcdCluster.restore_all: every member SIGKILLed, the directories
-    prepare_restore made swapped in, the members started, and a wait for a leader."""
-    for i in range(etcd.n):
-        etcd.kill(i)
-    for i in range(etcd.n):
-        shutil.rmtree(etcd.data_dir(i), ignore_errors=True)
-        os.rename(etcd.data_dir(i) + ".restored", etcd.data_dir(i))
-    etcd.token = token
-    for i in range(etcd.n):
-        etcd._spawn(i, "existing")
-    etcd.wait_healthy()
-
-
 def etcd_cut_off_holder(bundle):
     """An etcd cluster whose datacenter has one free id w; node H (its clock ahead of etcd's
     by ETCD_CUTOFF_SKEW_MS) holds it, granted after a snapshot that has the fleet record and
@@ -1493,7 +1457,7 @@ def etcd_cut_off_holder(bundle):
     b = new_cluster(bundle, "bcut", settings)
     b.init()
     b.use_clock_shim(-ETCD_CUTOFF_SKEW_MS)
-    return etcd, h, b, w, prepare_restore(etcd, snapshot)
+    return etcd, h, b, w, etcd.prepare_restore(snapshot)
 
 
 def etcd_one_free_id(bundle):
