@@ -99,6 +99,34 @@ impl ClaimTiming {
     }
 }
 
+/// When a quarantined grant may first be used, from when its reply was handled: nothing
+/// is issued before `until_mono_ms` (monotonic), and its IDs start at or above
+/// `first_id_unix_ms` (wall clock), whatever the clock does meanwhile (see
+/// [`ClaimTiming::grant_quarantine_ms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quarantine {
+    /// The earliest timestamp of its IDs (Unix ms).
+    pub first_id_unix_ms: i64,
+    /// Monotonic time (ms) before which nothing is issued under it.
+    pub until_mono_ms: u64,
+}
+
+impl Quarantine {
+    /// The quarantine of `quarantine_ms` for a grant whose reply was handled at
+    /// `now_unix_ms` and `now_mono_ms` (after the reply: a step may read the store well after
+    /// it began, and its clock sample is taken before its reads). None for no quarantine.
+    pub fn after_reply(
+        quarantine_ms: u64,
+        now_unix_ms: i64,
+        now_mono_ms: u64,
+    ) -> Option<Quarantine> {
+        (quarantine_ms > 0).then(|| Quarantine {
+            first_id_unix_ms: now_unix_ms.saturating_add(quarantine_ms as i64),
+            until_mono_ms: now_mono_ms.saturating_add(quarantine_ms),
+        })
+    }
+}
+
 /// What a holder may issue under its claim: IDs with timestamps below `cap_unix_ms`, until
 /// its monotonic clock reaches `deadline_mono_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,14 +189,25 @@ impl ClockSample {
         self.registry_unix_ms - midpoint
     }
 
-    /// The smallest difference between the two clocks that the sample proves (the round
-    /// trip leaves half of itself uncertain, plus a millisecond of rounding, plus half of the
-    /// registry clock's resolution).
-    pub fn proven_skew_ms(&self) -> u64 {
-        let uncertainty = (self.received_unix_ms - self.sent_unix_ms).max(0) / 2
+    /// How far the offset may be off (ms): the round trip leaves half of itself uncertain,
+    /// plus a millisecond of rounding, plus half of the registry clock's resolution.
+    pub fn uncertainty_ms(&self) -> i64 {
+        (self.received_unix_ms - self.sent_unix_ms).max(0) / 2
             + 1
-            + self.registry_resolution_ms.max(0) / 2;
-        (self.offset_ms().unsigned_abs()).saturating_sub(uncertainty as u64)
+            + self.registry_resolution_ms.max(0) / 2
+    }
+
+    /// The smallest difference between the two clocks that the sample proves.
+    pub fn proven_skew_ms(&self) -> u64 {
+        (self.offset_ms().unsigned_abs()).saturating_sub(self.uncertainty_ms() as u64)
+    }
+
+    /// How far the registry's clock went back (ms) between an `earlier` sample and this
+    /// one, as both prove it (each one's uncertainty deducted; 0 or less: not proven), taking
+    /// this server's clock as the reference: for two incarnations of a registry on hosts
+    /// whose clocks differ.
+    pub fn proven_registry_clock_back_ms(&self, earlier: &ClockSample) -> i64 {
+        earlier.offset_ms() - self.offset_ms() - earlier.uncertainty_ms() - self.uncertainty_ms()
     }
 
     /// The registry's clock translated to ours.
@@ -545,6 +584,32 @@ mod tests {
         assert!(T.may_reassert(500, 1_000, 12_999));
         assert!(!T.may_reassert(500, 1_000, 13_000));
         assert_eq!(ClaimTiming::usable_floor_lead_ms(1_000, 10_000), 11_000);
+    }
+
+    #[test]
+    fn registry_clock_back_is_what_both_samples_prove() {
+        let sample = |offset: i64, rtt: i64| ClockSample {
+            sent_unix_ms: 1_000,
+            received_unix_ms: 1_000 + rtt,
+            registry_unix_ms: 1_000 + rtt / 2 + offset,
+            registry_resolution_ms: 0,
+        };
+        // 3 s back, each sample uncertain by 10 ms + 1 ms.
+        assert_eq!(
+            sample(-2_000, 20).proven_registry_clock_back_ms(&sample(1_000, 20)),
+            2_978
+        );
+        // Forward, or within the uncertainty: nothing proven.
+        assert!(sample(1_000, 20).proven_registry_clock_back_ms(&sample(-2_000, 20)) < 0);
+        assert!(sample(0, 200).proven_registry_clock_back_ms(&sample(50, 200)) <= 0);
+        assert_eq!(Quarantine::after_reply(0, 5, 6), None);
+        assert_eq!(
+            Quarantine::after_reply(13_000, 1_000, 50),
+            Some(Quarantine {
+                first_id_unix_ms: 14_000,
+                until_mono_ms: 13_050
+            })
+        );
     }
 
     #[test]

@@ -350,17 +350,13 @@ impl Holder {
                 // taken before the step's reads, so it is not the reply's time: issue 37's
                 // second review), and its IDs start at or above that time on this server's
                 // clock, whatever the clock does meanwhile.
-                let received_mono_ms = monotonic_ms();
-                let floor = if quarantine_ms > 0 {
-                    floor.max(now_unix_ms().saturating_add(quarantine_ms as i64))
-                } else {
-                    floor
-                };
+                let quarantine =
+                    claim::Quarantine::after_reply(quarantine_ms, now_unix_ms(), monotonic_ms());
+                let floor = quarantine.map_or(floor, |q| floor.max(q.first_id_unix_ms));
                 self.recorded = Some(last);
                 self.preferred = Some(worker_id);
                 self.raise_floor(floor);
-                self.quarantine_until_mono_ms =
-                    (quarantine_ms > 0).then(|| received_mono_ms.saturating_add(quarantine_ms));
+                self.quarantine_until_mono_ms = quarantine.map(|q| q.until_mono_ms);
                 self.install(worker_id, fence);
                 let wait = self.report_installed(worker_id, expiry(&observed, self.timing));
                 errors::claimed(
@@ -468,15 +464,7 @@ impl Holder {
         }
         let after = observed.sample;
         let allowed = self.timing.max_registry_clock_jump_ms();
-        // Only what both samples prove: each leaves half its round trip and half the
-        // registry clock's resolution uncertain.
-        let uncertainty = |s: &claim::ClockSample| {
-            (s.received_unix_ms - s.sent_unix_ms).max(0) / 2
-                + s.registry_resolution_ms.max(0) / 2
-                + 1
-        };
-        let back =
-            before.offset_ms() - after.offset_ms() - uncertainty(&before) - uncertainty(&after);
+        let back = after.proven_registry_clock_back_ms(&before);
         if back > allowed as i64 {
             errors::registry_clock_jumped(
                 &self.uri,

@@ -1083,11 +1083,15 @@ impl Sim {
                     return self.next_step(c, heartbeat);
                 }
                 if self.fixes.etcd_grant_quarantine && self.space.store == Store::Etcd {
-                    // Counted from the reply (see `ClaimTiming::grant_quarantine_ms`).
-                    let quarantine =
-                        timing.grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64);
-                    self.copies[c].quarantine_until_mono = self.copies[c].mono(t) + quarantine;
-                    new_floor = new_floor.max(wall + quarantine as i64);
+                    let quarantine = claim::Quarantine::after_reply(
+                        timing.grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64),
+                        wall,
+                        self.copies[c].mono(t),
+                    );
+                    if let Some(q) = quarantine {
+                        self.copies[c].quarantine_until_mono = q.until_mono_ms;
+                        new_floor = new_floor.max(q.first_id_unix_ms);
+                    }
                 }
                 let copy = &mut self.copies[c];
                 copy.recorded = Some((worker, new_floor));

@@ -292,11 +292,11 @@ fn open_paths_are_still_open() {
     }
 }
 
-/// The short search of the test command.
-#[test]
-fn the_rules_hold() {
+/// Searches every surviving space from seed `first`, `schedules` each; fails on a finding
+/// with its trace.
+fn assert_the_rules_hold(first: u64, schedules: u64) {
     for (name, space) in surviving_spaces() {
-        let s = search(&space, Fixes::ALL, 1_000_000, 2_000);
+        let s = search(&space, Fixes::ALL, first, schedules);
         if let Some((seed, v)) = &s.found {
             panic!(
                 "{name}: seed {seed}: {}\n{}",
@@ -308,22 +308,17 @@ fn the_rules_hold() {
     }
 }
 
+/// The short search of the test command.
+#[test]
+fn the_rules_hold() {
+    assert_the_rules_hold(1_000_000, 2_000);
+}
+
 /// The long search, on demand (see the module's text).
 #[test]
 #[ignore]
 fn the_rules_hold_long() {
-    let n = long_schedules();
-    for (name, space) in surviving_spaces() {
-        let s = search(&space, Fixes::ALL, 2_000_000, n);
-        if let Some((seed, v)) = &s.found {
-            panic!(
-                "{name}: seed {seed}: {}\n{}",
-                v.what,
-                trace(&space, Fixes::ALL, *seed)
-            );
-        }
-        println!("{name}: nothing found; {}", s.figures());
-    }
+    assert_the_rules_hold(2_000_000, long_schedules());
 }
 
 #[test]
