@@ -19,29 +19,11 @@ import time
 import uuid
 
 from harness import BASE, HANG_GUARD, Cluster, wait_until
+from ports import free_port, free_ports  # noqa: F401 (the fixtures' ports; re-exported)
 
 
 # --------------------------------------------------------------------------------------
 # ports, processes, files
-
-def free_ports(n):
-    """n distinct free loopback ports (all held open while choosing, so none repeats)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port():
-    """A loopback TCP port that nothing listens on (bound once, then closed)."""
-    return free_ports(1)[0]
-
 
 def port_open(port, host="127.0.0.1"):
     try:
@@ -49,6 +31,24 @@ def port_open(port, host="127.0.0.1"):
             return True
     except OSError:
         return False
+
+
+def wait_started(proc, ready, what, log_path=None, timeout=HANG_GUARD):
+    """Waits until the server `proc` is `ready()`. Fails at once if it exits first, with its
+    exit code and log tail: a server that cannot bind its port exits, and a wait for it
+    would only time out (or, worse, be answered by whatever holds that port)."""
+    def check():
+        if proc.poll() is not None:
+            tail = ""
+            if log_path:
+                try:
+                    with open(log_path, errors="replace") as f:
+                        tail = "\n" + "".join(f.readlines()[-15:])
+                except OSError as e:
+                    tail = f" (no log: {e})"
+            raise AssertionError(f"{what} exited by itself (exit code {proc.returncode}){tail}")
+        return ready()
+    wait_until(check, timeout=timeout, what=what)
 
 
 def signal_process(proc, sig=signal.SIGKILL, timeout=15):
@@ -217,15 +217,33 @@ class EtcdCluster:
         return self
 
     def wait_healthy(self, members=None, timeout=HANG_GUARD):
-        """Waits until every listed member (default: all running ones) answers and the
-        cluster has a leader."""
-        members = [i for i in range(self.n) if self.running(i)] if members is None else members
+        """Waits until every listed member (default: every one not killed on purpose)
+        answers and the cluster has a leader. A member that exited by itself counts, so
+        that the wait fails at once rather than settle for the others."""
+        if members is None:
+            members = [i for i in range(self.n) if self.procs[i] is not None]
 
         def healthy():
+            self.fail_if_exited(members)
             r = self.etcdctl("endpoint", "health", endpoints=self.endpoints(members),
                              check=False, timeout=5)
             return r.returncode == 0 and self.leader(check=False) is not None
-        wait_until(healthy, timeout=timeout, what=f"etcd members {members} healthy")
+        try:
+            wait_until(healthy, timeout=timeout, what=f"etcd members {members} healthy")
+        except AssertionError as e:
+            if "timed out" not in str(e):
+                raise
+            raise AssertionError(f"{e}\n{self.diagnosis()}") from None
+
+    def fail_if_exited(self, members):
+        """Fails at once, with what the members say, if one of `members` exited by itself
+        (a member that cannot bind its ports exits: waiting for it would only time out)."""
+        gone = {i: self.procs[i].returncode for i in members
+                if self.procs[i] is not None and self.procs[i].poll() is not None}
+        if gone:
+            raise AssertionError(f"etcd member(s) exited by themselves (index: exit code) "
+                                 f"{gone}; ports client {self.client_ports} peer "
+                                 f"{self.peer_ports}\n{self.diagnosis()}")
 
     def running(self, i):
         return self.procs[i] is not None and self.procs[i].poll() is None
@@ -459,8 +477,8 @@ class SentinelSet:
         if replica_of:
             cmd += ["--replicaof", "127.0.0.1", str(replica_of)]
         s.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli(s.port, "PING", check=False) == "PONG",
-                   what=f"redis-server {s.port}")
+        wait_started(s.proc, lambda: self.cli(s.port, "PING", check=False) == "PONG",
+                     f"redis-server {s.port}", os.path.join(s.dir, "log"))
 
     def _spawn_sentinel(self, s, master_port):
         os.makedirs(s.dir, exist_ok=True)
@@ -486,8 +504,8 @@ class SentinelSet:
         os.chmod(conf, 0o644)
         s.proc = subprocess.Popen(["redis-sentinel", conf], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli(s.port, "PING", check=False, sentinel=True) == "PONG",
-                   what=f"redis-sentinel {s.port}")
+        wait_started(s.proc, lambda: self.cli(s.port, "PING", check=False, sentinel=True) == "PONG",
+                     f"redis-sentinel {s.port}", os.path.join(s.dir, "log"))
 
     def start(self, timeout=HANG_GUARD):
         os.makedirs(BASE, exist_ok=True)
@@ -716,7 +734,8 @@ class PasswordRedis:
              "--appendonly", "no", "--daemonize", "no", "--dir", d, "--dbfilename", "dump.rdb"]
             + (["--requirepass", self.password] if self.password else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING", check=False) == "PONG", what="redis-server")
+        wait_started(self.proc, lambda: self.cli("PING", check=False) == "PONG",
+                     f"redis-server {self.port}")
         return self
 
     def save_copy(self):
@@ -736,7 +755,8 @@ class PasswordRedis:
              "--dbfilename", "dump.rdb"]
             + (["--requirepass", self.password] if self.password else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING", check=False) == "PONG", what="redis-server")
+        wait_started(self.proc, lambda: self.cli("PING", check=False) == "PONG",
+                     f"redis-server {self.port}")
 
     def cli(self, *args, check=True):
         auth = ["--no-auth-warning", "-a", self.password] if self.password else []

@@ -16,7 +16,7 @@ import unittest
 import psycopg
 
 from harness import BASE, HANG_GUARD, Cluster, assert_live, error_of, wait_live, wait_until
-from registries import free_port
+from registries import free_port, wait_started
 
 TTL = "2s"  # heartbeat 400 ms, fence 1 s, settling 2 s
 TTL_S = 2.0
@@ -38,7 +38,8 @@ class Redis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING", check=False) == "PONG", what="redis-server to start")
+        wait_started(self.proc, lambda: self.cli("PING", check=False) == "PONG",
+                     f"redis-server {self.port}")
 
     def stop(self):
         if self.proc:

@@ -804,8 +804,10 @@ class EtcdRegistry(HABase):
         etcd.kill(leader)
         killed_at = time.monotonic()
         try:
-            wait_until(lambda: etcd.leader(check=False) not in (None, leader),
-                       timeout=HANG_GUARD, what="a new etcd leader")
+            def new_leader():
+                etcd.fail_if_exited([i for i in range(etcd.n) if i != leader])
+                return etcd.leader(check=False) not in (None, leader)
+            wait_until(new_leader, timeout=HANG_GUARD, what="a new etcd leader")
         except AssertionError as e:
             raise AssertionError(f"{e}\n{etcd.diagnosis()}") from None
         election = time.monotonic() - killed_at

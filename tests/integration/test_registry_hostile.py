@@ -26,7 +26,7 @@ import psycopg
 
 from harness import (HANG_GUARD, LAG_HISTORY_S, LAG_STEPS, Cluster, report_figure,
                      scheduling_delay, wait_until)
-from registries import free_port
+from registries import free_port, wait_started
 
 TTL = "2s"
 TTL_MS = 2000
@@ -353,9 +353,9 @@ class HostileRegistryTest(unittest.TestCase):
         self.addCleanup(redis.wait)
         self.addCleanup(redis.kill)
         self.addCleanup(os.kill, redis.pid, signal.SIGCONT)
-        wait_until(lambda: subprocess.run(["redis-cli", "-p", str(port), "PING"],
-                                          capture_output=True, text=True).stdout.strip()
-                   == "PONG", what="redis-server")
+        wait_started(redis, lambda: subprocess.run(["redis-cli", "-p", str(port), "PING"],
+                                                   capture_output=True, text=True).stdout.strip()
+                     == "PONG", f"redis-server {port}")
         self.start_node_on(f"redis://127.0.0.1:{port}/0")
         wait_until(lambda: self.node.one("SELECT claim_status FROM snowflake_stats()")
                    == "held", what="a claim")
