@@ -379,7 +379,10 @@ impl Holder {
                 self.report(ClaimStatus::Settling, &why, 0);
                 wait_ms.clamp(10, heartbeat)
             }
-            Ok((ClaimReply::Exhausted { taken }, _)) => {
+            Ok((ClaimReply::Exhausted { taken }, observed)) => {
+                // A waiter is who gets an id next: its view of the registry's clock must be
+                // fresh when the registry begins anew (its own clock may have moved since).
+                self.watch_registry_clock(&observed);
                 let now = now_unix_ms();
                 match self.avoided.iter().min_by_key(|(_, floor)| *floor) {
                     Some(&(worker_id, floor)) => {

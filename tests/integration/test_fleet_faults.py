@@ -30,7 +30,9 @@ import unittest
 
 import psycopg
 
-from harness import BASE, HANG_GUARD, wait_live, wait_until
+from harness import BASE, CLOCK_OFFSET_BYTES, HANG_GUARD, PG_MAJOR, clock_shim_lib, \
+    report_figure, wait_live, wait_until
+from registries import wait_started
 from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
     wait_claimed, wait_status
 
@@ -311,6 +313,38 @@ class RedisServer(Redis):
 
     def promote(self):
         self.cli("REPLICAOF", "NO", "ONE")
+
+
+class ShiftedRedis(RedisServer):
+    """A redis-server under tests/clockshim: its wall clock (Redis's TIME, which the claim
+    scripts read) is shifted by `clock_ms`, set before each start: a registry restarted on
+    another host, with another clock."""
+
+    def __init__(self):
+        super().__init__()
+        self.clock_file = os.path.join(self.dir, "clock-offset")
+        self.clock_ms = 0
+
+    def start(self):
+        os.makedirs(self.dir, exist_ok=True)
+        with open(self.clock_file, "wb") as f:
+            f.write(str(int(self.clock_ms)).ljust(CLOCK_OFFSET_BYTES).encode())
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "LD_PRELOAD": clock_shim_lib(),
+                 "SNOWFLAKE_CLOCK_OFFSET_FILE": self.clock_file})
+        wait_started(self.proc, lambda: self.cli("PING", check=False) == "PONG",
+                     f"redis-server {self.port}")
+
+    def script_calls(self):
+        """Scripts run so far (EVAL, EVALSHA): the nodes' requests."""
+        calls = 0
+        for line in self.cli("INFO", "commandstats").splitlines():
+            if line.startswith(("cmdstat_eval:", "cmdstat_evalsha:")):
+                calls += int(line.split("calls=", 1)[1].split(",", 1)[0])
+        return calls
 
 
 class LossyCoordinator(Coordinator):
@@ -739,6 +773,136 @@ class RedisFaults(FleetFaultBase):
         self.assertEqual(dup, 0, f"{dup} duplicate IDs: B ({len(wr_b.got)} IDs, worker {wb}) "
                                  f"and C ({len(wr_c.got)} IDs, worker {wc}); C's statuses: {sorted(seen)}")
         self.assertIn("settling", seen, "the registry did not settle after the failover back to R1")
+
+
+FLEET_ASSUMPTIONS_MAJOR = os.environ.get("SNOWFLAKE_FLEET_ASSUMPTIONS_MAJOR", "17")
+
+
+@unittest.skipUnless(PG_MAJOR == FLEET_ASSUMPTIONS_MAJOR,
+                     f"runs on PostgreSQL {FLEET_ASSUMPTIONS_MAJOR} only "
+                     "(SNOWFLAKE_FLEET_ASSUMPTIONS_MAJOR): it checks the registry's rules")
+class FleetAssumptions(FleetFaultBase):
+    """Issue 37's assumptions at their edges (docs/fleets.md, "What the claim rules
+    assume"): registry hosts with other clocks (path 3), and the procedure for changing
+    claim_ttl on a running fleet (path 1)."""
+
+    def holder_cut_off_then_registry_restarted(self, ttl_h, ttl_c, clock_h_ms, clock_c_ms,
+                                               jump_ms, what):
+        """Holder H (claim_ttl `ttl_h`, clock `clock_h_ms` off the registry's) writes under
+        worker w, the datacenter's only free id; right after one of its renewals it is cut
+        off from Redis, which restarts empty with its clock `jump_ms` back. Newcomer C
+        (claim_ttl `ttl_c`, clock `clock_c_ms` off the old registry's) starts then; its
+        first request begins the new incarnation and it is granted w once that settled,
+        with no mark (the registry is empty), so its IDs start at its own clock. C writes
+        until its clock has passed H's last timestamp by a second. Returns the duplicates
+        (and reports the figures)."""
+        redis = self.started(ShiftedRedis())
+        for w in range(1, WORKERS):
+            redis.hold(DC, w)
+        ph = self.proxy(redis.port)
+        h = self.new("h", Uri(ph.redis_uri()), ttl_h, clock_ms=clock_h_ms)
+        c = self.new("c", redis, ttl_c, clock_ms=clock_c_ms)
+        self.up(h)
+        wh = wait_claimed(h)
+        wr_h = self.writer(h)
+        wr_h.running(200)
+
+        renewed_at = after_renewal(h)
+        ph.mode = "drop"  # H's renewals reach no registry from now on
+        redis.stop()
+        redis.clock_ms = -jump_ms
+        redis.start()  # empty, on the "other host"
+        restarted_in = time.monotonic() - renewed_at
+        self.up(c)  # its first request begins the new incarnation
+        seen = set()
+        self.assertEqual(wait_claimed(c, seen=seen), wh)
+        granted_after = time.monotonic() - renewed_at
+        wr_c = self.writer(c)
+        wr_c.running(200)
+        # H's fence has ended (it stopped issuing long before C's grant, whatever the build);
+        # C writes until its clock has passed H's last timestamp by a second.
+        wait_until(lambda: status(h) != "held", what="H's claim lapsed")
+        self.stop_writers(wr_h)
+        h_last_ms = max(wr_h.got) >> 22
+        wait_until(lambda: (wr_c.got[-1] >> 22) > h_last_ms + 1000,
+                   what="C's IDs past H's last timestamp")
+        self.stop_writers(wr_c)
+        self.assertIn("settling", seen, "C was granted the id without the registry settling")
+        dup = duplicates(wr_h.got, wr_c.got)
+        gap_ms = (min(wr_c.got) >> 22) - h_last_ms
+        report_figure(what, (
+            f"claim_ttl H {ttl_h} s, C {ttl_c} s; registry clock {-jump_ms} ms after its "
+            f"restart; H {clock_h_ms:+} ms, C {clock_c_ms:+} ms from the old registry's clock; "
+            f"restarted {restarted_in:.2f} s after H's last renewal, C granted after "
+            f"{granted_after:.2f} s; H {len(wr_h.got)} IDs (then {sorted(set(wr_h.errors))}), "
+            f"C {len(wr_c.got)} IDs; C's first timestamp {gap_ms} ms above H's last; "
+            f"{dup} duplicates"))
+        return dup, f"H ({len(wr_h.got)} IDs) and C ({len(wr_c.got)} IDs) on worker {wh}; " \
+                    f"C's first timestamp is {gap_ms} ms above H's last"
+
+    def test_8_redis_restarted_empty_on_a_host_whose_clock_is_behind(self):
+        """Redis restarts empty on a host whose clock is J = 0.28 x claim_ttl behind the old
+        one (within the 0.3 x claim_ttl that docs/fleets.md allows), as after a rescheduled
+        pod or a failover to another host. Holder H's clock is 0.19 x claim_ttl ahead of the
+        old host's, newcomer C's 0.19 x claim_ttl behind the new host's: each passes its own
+        clock check. The settle (claim_ttl + claim_ttl / 5, since issue 37) covers H's
+        fence, both skews and the jump: no ID twice. (With 0.7.0's settle of claim_ttl, C's
+        first IDs fell 1.2 s of timestamps below H's last: 19,850 duplicates.)"""
+        dup, detail = self.holder_cut_off_then_registry_restarted(
+            10, 10, clock_h_ms=1900, clock_c_ms=-(2800 + 1900), jump_ms=2800,
+            what="registry host clock behind")
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs: {detail}")
+
+    def test_10_claim_ttl_lowered_by_a_fifth_survives_a_registry_loss(self):
+        """docs/fleets.md's procedure for changing claim_ttl on a running fleet: steps of at
+        most a fifth. Mid-change, holder H still has 10 s and newcomer C already 8 s when
+        Redis restarts empty; H's clock 0.19 x 10 s ahead, C's 0.19 x 8 s behind. C's settle
+        is its own (9.6 s), yet it covers H's fence (5 s) and both skews: no ID twice.
+        (Beyond the procedure, C at 5 s is given the id while H's timestamps are still
+        ahead of its clock: issue 37's open path 1.)"""
+        dup, detail = self.holder_cut_off_then_registry_restarted(
+            10, 8, clock_h_ms=1900, clock_c_ms=-1500, jump_ms=0,
+            what="claim_ttl 10 s -> 8 s mid-change")
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs: {detail}")
+
+    def test_9_a_registry_clock_jump_beyond_the_settle_is_reported(self):
+        """The settle covers a registry clock up to 3/10 of claim_ttl behind its previous
+        one; further back, a server that saw both incarnations reports it (the WARNING of
+        docs/troubleshooting.md). Node C waits for an id (all held by fake servers) while
+        Redis restarts empty twice: first with its clock 0.28 x claim_ttl behind (covered:
+        no warning), then, C's clock moved along so that it passes its own check, another
+        0.35 x claim_ttl behind (warned, with the numbers)."""
+        ttl = 10
+        redis = self.started(ShiftedRedis())
+        self.hold_all_but(redis, keep=None)
+        c = self.new("c", redis, ttl, clock_ms=-1900)
+        self.up(c)
+        wait_status(c, "exhausted")
+        warning = "came back with a clock"
+
+        def restart(clock_ms):
+            redis.stop()
+            redis.clock_ms = clock_ms
+            redis.start()  # empty
+            self.hold_all_but(redis, keep=None)  # before the settle ends: C gets no id
+            wait_status(c, "settling")  # C saw the new incarnation
+            wait_status(c, "exhausted")
+
+        restart(-2800)
+        self.assertNotIn(warning, c.log(), "a jump the settle covers was reported")
+        # C's clock moves while it waits; two of its requests are answered after that (so
+        # its last view of the registry's clock is the moved one) before the next restart.
+        c.shift_clock_ms(-1900 - 2800)
+        calls = redis.script_calls()
+        wait_until(lambda: redis.script_calls() >= calls + 2, what="two requests of C")
+        restart(-2800 - 3500)
+        try:
+            wait_until(lambda: warning in c.log(), what="the WARNING of a registry clock jump")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{c.log()[-3000:]}") from None
+        line = next(line for line in c.log().splitlines() if warning in line)
+        self.assertRegex(line, r"WARNING:.*came back with a clock 3[45]\d\d ms behind")
+        print(f"\n    {line}", flush=True)
 
 
 def tearDownModule():
