@@ -82,6 +82,16 @@ impl ClaimTiming {
         self.ttl_ms + self.max_skew_ms()
     }
 
+    /// The `claim_ttl` values (ms) the other holders of a datacenter may have for this
+    /// server to be given an id there: within a fifth either way, 4/5 to 5/4 of its own
+    /// (see [`ttl_mismatch`]).
+    pub fn fleet_ttl_range_ms(&self) -> (u64, u64) {
+        (
+            (self.ttl_ms * 4).div_ceil(5),
+            self.ttl_ms.saturating_mul(5) / 4,
+        )
+    }
+
     /// How far a registry's clock may go back between incarnations (a restart or failover
     /// onto another host) and the settle still cover every cap granted before: the settle's
     /// spare over the fence's reach and twice the allowed skew.
@@ -497,12 +507,66 @@ pub fn choose_worker(
     }
 }
 
+/// The `claim_ttl` values of one datacenter's holders that a server is refused an id beside
+/// (issue 37, path 1). After a loss of registry data the settle lasts the *asking* server's
+/// `claim_ttl + claim_ttl / 5`; a holder whose record was lost fences for up to half of its
+/// own `claim_ttl`, with its clock up to a fifth of it off. So a server whose `claim_ttl` is
+/// far below another holder's can be given that holder's id while it still issues (88,550
+/// duplicates at 5 s against 10 s with real processes), and a server far above the others
+/// is such a holder. Within a ratio of 5/4 either way the settle covers both (the simulator
+/// finds nothing; docs/fleets.md's procedure changes `claim_ttl` in such steps).
+///
+/// Returns the smallest and largest `claim_ttl` (ms) of the other holders `others_ms` when
+/// one of them is out of [`ClaimTiming::fleet_ttl_range_ms`], so that the refusal can name
+/// them; None when every one is within it. Only the registry's live records are seen: a
+/// holder whose record a loss erased is not (the open part of path 1, see docs/fleets.md).
+pub fn ttl_mismatch(timing: ClaimTiming, others_ms: &[u64]) -> Option<(u64, u64)> {
+    let (low, high) = timing.fleet_ttl_range_ms();
+    if !others_ms.iter().any(|&t| t < low || t > high) {
+        return None;
+    }
+    let min = others_ms.iter().copied().min()?;
+    let max = others_ms.iter().copied().max()?;
+    Some((min, max))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     const T: ClaimTiming = ClaimTiming { ttl_ms: 10_000 };
+
+    #[test]
+    fn ttl_mismatch_allows_a_fifth_either_way() {
+        let t = ClaimTiming::new;
+        assert_eq!(t(10_000).fleet_ttl_range_ms(), (8_000, 12_500));
+        assert_eq!(ttl_mismatch(t(10_000), &[]), None);
+        assert_eq!(ttl_mismatch(t(8_000), &[10_000, 9_000]), None);
+        assert_eq!(ttl_mismatch(t(10_000), &[8_000, 12_500]), None);
+        assert_eq!(
+            ttl_mismatch(t(5_000), &[10_000, 6_000]),
+            Some((6_000, 10_000))
+        );
+        assert_eq!(ttl_mismatch(t(30_000), &[10_000]), Some((10_000, 10_000)));
+        assert_eq!(ttl_mismatch(t(10_000), &[7_999]), Some((7_999, 7_999)));
+        assert_eq!(ttl_mismatch(t(10_000), &[12_501]), Some((12_501, 12_501)));
+    }
+
+    proptest! {
+        #[test]
+        fn ttl_mismatch_is_the_ratio_rule(
+            asking in MIN_CLAIM_TTL_MS..=MAX_CLAIM_TTL_MS,
+            others in proptest::collection::vec(MIN_CLAIM_TTL_MS..=MAX_CLAIM_TTL_MS, 0..8),
+        ) {
+            let found = ttl_mismatch(ClaimTiming::new(asking), &others);
+            let bad = others.iter().any(|&t| 4 * t > 5 * asking || 5 * t < 4 * asking);
+            prop_assert_eq!(found.is_some(), bad);
+            if let Some((min, max)) = found {
+                prop_assert!(others.contains(&min) && others.contains(&max) && min <= max);
+            }
+        }
+    }
 
     #[test]
     fn default_timing() {

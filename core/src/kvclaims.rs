@@ -33,6 +33,11 @@ pub struct Marks {
     pub floor_unix_ms: Option<i64>,
     /// What the last holder recorded at a clean release: the next holder's floor.
     pub released_unix_ms: Option<i64>,
+    /// The `claim_ttl` (ms) of the holder that wrote these marks last: what a server asking
+    /// for an id beside it is compared with ([`crate::claim::ttl_mismatch`]). Absent in
+    /// marks written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_ttl_ms: Option<u64>,
 }
 
 impl Marks {
@@ -46,6 +51,15 @@ impl Marks {
             ),
             floor_unix_ms: floor.unwrap_or(self.floor_unix_ms),
             released_unix_ms: None,
+            holder_ttl_ms: self.holder_ttl_ms,
+        }
+    }
+
+    /// The marks with the holder's `claim_ttl` (ms) recorded.
+    pub fn with_holder_ttl(self, ttl_ms: u64) -> Marks {
+        Marks {
+            holder_ttl_ms: Some(ttl_ms),
+            ..self
         }
     }
 
@@ -66,6 +80,7 @@ impl Marks {
             high_water_unix_ms: Some(self.high_water_unix_ms.map_or(v, |hw| hw.max(v))),
             floor_unix_ms: self.floor_unix_ms,
             released_unix_ms: Some(v),
+            holder_ttl_ms: self.holder_ttl_ms,
         }
     }
 }
@@ -170,6 +185,25 @@ mod tests {
         assert_eq!(m.released(None), m);
         // The next grant clears the released value.
         assert_eq!(r.held(6_000, Some(Some(101))).released_unix_ms, None);
+    }
+
+    #[test]
+    fn holder_ttl_is_kept_and_optional_in_json() {
+        let m = Marks::default()
+            .held(5_000, Some(None))
+            .with_holder_ttl(10_000);
+        assert_eq!(m.held(6_000, None).holder_ttl_ms, Some(10_000));
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(json.contains("\"holder_ttl_ms\":10000"), "{json}");
+        // Marks written before the field existed read as "not recorded".
+        let old: Marks = serde_json::from_str(
+            r#"{"high_water_unix_ms":5000,"floor_unix_ms":null,"released_unix_ms":null}"#,
+        )
+        .unwrap();
+        assert_eq!(old.holder_ttl_ms, None);
+        assert!(!serde_json::to_string(&Marks::default())
+            .unwrap()
+            .contains("holder_ttl"));
     }
 
     proptest! {

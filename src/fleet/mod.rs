@@ -401,6 +401,21 @@ impl Holder {
                 heartbeat
             }
             Ok((
+                ClaimReply::TtlMismatch {
+                    others_min_ms,
+                    others_max_ms,
+                },
+                _,
+            )) => {
+                let why = format!(
+                    "Servers holding worker ids of datacenter {} have snowflake.claim_ttl from {others_min_ms} ms to {others_max_ms} ms; this server's is {} ms. One datacenter's servers may differ by at most a fifth: after the registry loses its data, a server with a much shorter claim_ttl could be given an id that one with a longer claim_ttl still uses.",
+                    self.config.datacenter_id,
+                    self.timing.ttl_ms()
+                );
+                self.report(ClaimStatus::Refused, &why, 0);
+                heartbeat
+            }
+            Ok((
                 ClaimReply::EpochMismatch {
                     registry_epoch_unix_ms,
                 },

@@ -778,7 +778,7 @@ pub fn claim_unavailable(
             code,
             format!("registry {registry} refused this server a worker id"),
             detail,
-            "Fix the cause named above (clock synchronization, snowflake.epoch, snowflake.registry) and restart the server if it is a setting.",
+            "Fix the cause named above (clock synchronization, snowflake.epoch, snowflake.claim_ttl, snowflake.registry) and restart the server if it is a setting. Change snowflake.claim_ttl across a fleet in steps of at most a fifth.",
         ),
         ClaimStatus::MarkAhead => SnowflakeError::new(
             code,

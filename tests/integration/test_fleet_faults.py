@@ -32,9 +32,9 @@ import psycopg
 
 from harness import BASE, CLOCK_OFFSET_BYTES, HANG_GUARD, PG_MAJOR, clock_shim_lib, \
     report_figure, wait_live, wait_until
-from registries import wait_started
+from registries import EtcdCluster, wait_started
 from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
-    wait_claimed, wait_status
+    refusal, wait_claimed, wait_status
 
 DC = 1
 WORKERS = 32
@@ -839,6 +839,27 @@ class FleetAssumptions(FleetFaultBase):
             f"{dup} duplicates"))
         return dup, f"H ({len(wr_h.got)} IDs) and C ({len(wr_c.got)} IDs) on worker {wh}; " \
                     f"C's first timestamp is {gap_ms} ms above H's last"
+
+    def test_11_etcd_refuses_a_claim_ttl_out_of_ratio(self):
+        """test_registry's claim_ttl refusal (Redis, the coordinator), on etcd: the holder's
+        claim_ttl is in its marks. A holds at 4 s; B at 2 s is refused with the numbers; C
+        at 3.2 s claims."""
+        etcd = EtcdCluster(1)
+        self.addCleanup(etcd.close)
+        etcd.start()
+        uri = Uri(f"'{etcd.uri()}'")
+        a = self.new("ea", uri, 4)
+        self.up(a)
+        wait_claimed(a)
+        b = self.new("eb", uri, 2)
+        self.up(b)
+        e = refusal(b)
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn("snowflake.claim_ttl from 4000 ms to 4000 ms; this server's is 2000 ms",
+                      e.diag.message_detail)
+        c = self.new("ec", uri, 3.2)
+        self.up(c)
+        wait_claimed(c)
 
     def test_8_redis_restarted_empty_on_a_host_whose_clock_is_behind(self):
         """Redis restarts empty on a host whose clock is J = 0.28 x claim_ttl behind the old

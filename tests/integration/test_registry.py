@@ -15,10 +15,13 @@ import unittest
 
 import psycopg
 
-from harness import BASE, HANG_GUARD, Cluster, assert_live, error_of, wait_live, wait_until
+from harness import BASE, HANG_GUARD, PG_MAJOR, Cluster, assert_live, error_of, wait_live, \
+    wait_until
 from registries import free_port, wait_started
 
 TTL = "2s"  # heartbeat 400 ms, fence 1 s, settling 2 s
+# The claim_ttl ratio test (issue 37) runs on one major: the registry decides, not the server.
+CLAIM_TTL_MAJOR = os.environ.get("SNOWFLAKE_CLAIM_TTL_MAJOR", "15")
 TTL_S = 2.0
 
 
@@ -121,6 +124,13 @@ def wait_status(c, status, timeout=HANG_GUARD):
                    timeout=timeout, what=f"{c.name}: claim {status}")
     except AssertionError as e:
         raise AssertionError(f"{e}\n{c.log()[-2000:]}") from None
+
+
+def refusal(c):
+    """Once the node reports its claim refused: the error snowflake_next() raises."""
+    wait_status(c, "refused")
+    with c.connect() as conn:
+        return error_of(conn, "SELECT snowflake_next()")
 
 
 def kill_server(c, sig=signal.SIGKILL):
@@ -359,6 +369,33 @@ class RegistryScenarios:
         self.assert_unique(before, after)
         self.assertGreater(min(after), max(before))
 
+    @unittest.skipUnless(PG_MAJOR == CLAIM_TTL_MAJOR,
+                         f"runs on PostgreSQL {CLAIM_TTL_MAJOR} only (the registry decides)")
+    def test_claim_ttl_out_of_ratio_is_refused(self):
+        """Issue 37, path 1: a server whose claim_ttl is more than a fifth off another
+        holder's in its datacenter gets no id (after a loss of registry data, the shorter
+        one's settle would not cover the longer one's fence). A holds at 4 s; B at 2 s and
+        D at 5.1 s are refused, with the numbers and the fix; C at 3.2 s (a step of a fifth)
+        claims."""
+        def node_with(name, ttl):
+            c = self.new(name, datacenter=6, **{"snowflake.claim_ttl": f"'{ttl}'"})
+            c.init()
+            self.up(c)
+            return c
+
+        a = node_with("ttla", "4s")
+        wait_claimed(a)
+        e = refusal(node_with("ttlb", "2s"))
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn("refused this server a worker id", e.diag.message_primary)
+        self.assertIn("snowflake.claim_ttl from 4000 ms to 4000 ms; this server's is 2000 ms",
+                      e.diag.message_detail)
+        self.assertIn("steps of at most a fifth", e.diag.message_hint)
+        c = node_with("ttlc", "3200ms")
+        wait_claimed(c)
+        e = refusal(node_with("ttld", "5100ms"))
+        self.assertIn("from 3200 ms to 4000 ms; this server's is 5100 ms", e.diag.message_detail)
+        self.assert_unique(ids(a), ids(c))
 
     def test_clock_far_from_the_registrys_is_refused(self):
         """A node whose clock is 10 s off (libfaketime) gets no worker id: the registry's

@@ -463,7 +463,7 @@ class CoordinatorLookAlikeTest(unittest.TestCase):
             CREATE TABLE fleet.snowflake_claims (
                 datacenter_id integer NOT NULL, worker_id integer NOT NULL, holder text,
                 expires_unix_ms bigint, high_water_unix_ms bigint, floor_unix_ms bigint,
-                released_unix_ms bigint, PRIMARY KEY (datacenter_id, worker_id));
+                released_unix_ms bigint, ttl_ms bigint, PRIMARY KEY (datacenter_id, worker_id));
             GRANT USAGE ON SCHEMA fleet TO fleet;
             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fleet TO fleet;
         """)

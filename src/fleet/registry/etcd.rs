@@ -658,7 +658,12 @@ impl EtcdRegistry {
         let dc = request.datacenter_id;
         let claim_key = self.key("claim", dc, Some(w));
         let marks_key = self.key("marks", dc, Some(w));
-        let new_marks = serde_json::to_vec(&marks.0.held(request.cap_unix_ms, floor))?;
+        let new_marks = serde_json::to_vec(
+            &marks
+                .0
+                .held(request.cap_unix_ms, floor)
+                .with_holder_ttl(request.ttl_ms),
+        )?;
         let mut compares = vec![
             Compare::mod_revision(self.fleet_key(), CompareOp::Equal, fleet_seen),
             Compare::mod_revision(marks_key.clone(), CompareOp::Equal, marks.1),
@@ -815,6 +820,24 @@ impl Registry for EtcdRegistry {
                 .timing()
                 .settle_wait_ms(settle_start(&record), earliest);
             let choice = claim::choose_worker(request.order, &holders, request.token, settle);
+            // Nothing beside a holder whose claim_ttl is out of range (a renewal records it
+            // in the marks; see claim::ttl_mismatch).
+            if !matches!(choice, ClaimChoice::Settling(_)) {
+                let others: Vec<u64> = snapshot
+                    .claims
+                    .iter()
+                    .filter(|(_, t, _, _)| t != request.token)
+                    .filter_map(|(w, _, _, _)| snapshot.marks(*w).0.holder_ttl_ms)
+                    .collect();
+                if let Some((others_min_ms, others_max_ms)) =
+                    claim::ttl_mismatch(request.timing(), &others)
+                {
+                    return Ok(Some(ClaimReply::TtlMismatch {
+                        others_min_ms,
+                        others_max_ms,
+                    }));
+                }
+            }
             // Every grant is used only after its quarantine (see the module's text).
             let quarantine_ms = request
                 .timing()

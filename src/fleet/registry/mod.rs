@@ -117,6 +117,14 @@ pub enum ClaimReply {
         /// How many ids there are in the datacenter.
         taken: u32,
     },
+    /// Another holder of the datacenter has a `claim_ttl` out of the ratio this server's
+    /// may differ by ([`snowflake_core::claim::ttl_mismatch`]): no id.
+    TtlMismatch {
+        /// The other holders' smallest `claim_ttl` (ms).
+        others_min_ms: u64,
+        /// Their largest (ms).
+        others_max_ms: u64,
+    },
     /// The registry records another epoch for the fleet.
     EpochMismatch {
         /// The registry's epoch (Unix ms).

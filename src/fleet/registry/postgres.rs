@@ -57,10 +57,16 @@ CREATE TABLE IF NOT EXISTS {s}.snowflake_claims (
     high_water_unix_ms bigint,
     floor_unix_ms      bigint,
     released_unix_ms   bigint,
+    ttl_ms             bigint,
     PRIMARY KEY (datacenter_id, worker_id)
 );
 ALTER TABLE {s}.snowflake_claims ADD COLUMN IF NOT EXISTS floor_unix_ms bigint;
-ALTER TABLE {s}.snowflake_claims ADD COLUMN IF NOT EXISTS released_unix_ms bigint;";
+ALTER TABLE {s}.snowflake_claims ADD COLUMN IF NOT EXISTS released_unix_ms bigint;
+ALTER TABLE {s}.snowflake_claims ADD COLUMN IF NOT EXISTS ttl_ms bigint;";
+
+/// How many of the columns this version added to `snowflake_claims` (COORDINATOR_OBJECTS
+/// lists them) a complete table has.
+const ADDED_COLUMNS: usize = 3;
 
 /// The three tables' names.
 const TABLES: [&str; 3] = [
@@ -96,7 +102,7 @@ SELECT 'column', a.attname::pg_catalog.text, NULL, NULL
   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
  WHERE n.nspname OPERATOR(pg_catalog.=) $1::pg_catalog.name
    AND c.relname OPERATOR(pg_catalog.=) 'snowflake_claims'::pg_catalog.name
-   AND a.attname OPERATOR(pg_catalog.=) ANY ('{floor_unix_ms,released_unix_ms}'::pg_catalog.name[])
+   AND a.attname OPERATOR(pg_catalog.=) ANY ('{floor_unix_ms,released_unix_ms,ttl_ms}'::pg_catalog.name[])
    AND NOT a.attisdropped
 UNION ALL
 SELECT 'elsewhere', n.nspname::pg_catalog.text, NULL, NULL
@@ -136,10 +142,10 @@ UPDATE {s}.snowflake_registry SET incarnation = $1::pg_catalog.text, born_unix_m
 
 const PG_HOLD: &str = "\
 INSERT INTO {s}.snowflake_claims AS c \
-  (datacenter_id, worker_id, holder, expires_unix_ms, high_water_unix_ms, floor_unix_ms) \
-VALUES ($1::integer, $2::integer, $3::pg_catalog.text, $4::bigint, $5::bigint, $7::bigint) \
+  (datacenter_id, worker_id, holder, expires_unix_ms, high_water_unix_ms, floor_unix_ms, ttl_ms) \
+VALUES ($1::integer, $2::integer, $3::pg_catalog.text, $4::bigint, $5::bigint, $7::bigint, $8::bigint) \
 ON CONFLICT (datacenter_id, worker_id) DO UPDATE \
-  SET holder = excluded.holder, expires_unix_ms = excluded.expires_unix_ms, \
+  SET holder = excluded.holder, expires_unix_ms = excluded.expires_unix_ms, ttl_ms = excluded.ttl_ms, \
       high_water_unix_ms = greatest(c.high_water_unix_ms, excluded.high_water_unix_ms), \
       floor_unix_ms = CASE WHEN $6::boolean THEN excluded.floor_unix_ms ELSE c.floor_unix_ms END, \
       released_unix_ms = NULL";
@@ -149,7 +155,7 @@ SELECT high_water_unix_ms, released_unix_ms FROM {s}.snowflake_claims \
  WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer";
 
 const PG_LIVE: &str = "\
-SELECT worker_id, holder, floor_unix_ms FROM {s}.snowflake_claims \
+SELECT worker_id, holder, floor_unix_ms, ttl_ms FROM {s}.snowflake_claims \
  WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND holder IS NOT NULL \
    AND expires_unix_ms OPERATOR(pg_catalog.>) $2::bigint";
 
@@ -677,7 +683,7 @@ fn check_objects(client: &mut Tx<'_>, schema: &str, owner: Option<&str>) -> Resu
             return Err(refuse(format!("table \"{schema}\".\"{table}\""), o));
         }
     }
-    if tables.len() == TABLES.len() && columns == 2 {
+    if tables.len() == TABLES.len() && columns == ADDED_COLUMNS {
         return Ok(Missing::Nothing);
     }
     if !tables.iter().any(|(t, _, _)| t == "snowflake_claims") {
@@ -830,6 +836,7 @@ fn pg_hold(
             &request.cap_unix_ms,
             &set_floor,
             &floor,
+            &(request.ttl_ms as i64),
         ],
     )?;
     Ok(())
@@ -900,6 +907,24 @@ impl Registry for PgRegistry {
                 let holders: Vec<(u8, &str)> =
                     live.iter().map(|(w, t, _)| (*w, t.as_str())).collect();
                 let settle = request.timing().settle_wait_ms(born, now);
+                // Nothing beside a holder whose claim_ttl is out of range (see
+                // claim::ttl_mismatch).
+                if settle == 0 {
+                    let others: Vec<u64> = rows
+                        .iter()
+                        .filter(|r| r.get::<_, String>(1) != request.token)
+                        .filter_map(|r| r.get::<_, Option<i64>>(3))
+                        .map(|t| t.max(0) as u64)
+                        .collect();
+                    if let Some((others_min_ms, others_max_ms)) =
+                        claim::ttl_mismatch(request.timing(), &others)
+                    {
+                        return Ok(ClaimReply::TtlMismatch {
+                            others_min_ms,
+                            others_max_ms,
+                        });
+                    }
+                }
                 Ok(
                     match claim::choose_worker(request.order, &holders, request.token, settle) {
                         ClaimChoice::Own(w) => {

@@ -37,13 +37,15 @@ local dc = ARGV[3]
 local function key(kind, w) return 'snowflake:' .. kind .. ':' .. dc .. ':' .. w end
 local function hold(w, token, ttl, cap)
   redis.call('SET', key('claim', w), token, 'PX', ttl)
+  redis.call('SET', key('ttl', w), ttl, 'PX', ttl)
   local prev = tonumber(redis.call('GET', key('high_water', w)))
   if (not prev) or prev < cap then redis.call('SET', key('high_water', w), cap) end
   redis.call('DEL', key('released', w))
 end
 "#;
 
-/// ARGV: the prelude's, then the ids in order (from 11).
+/// ARGV: the prelude's, then 11 and 12 the `claim_ttl` range other holders may have
+/// (`ClaimTiming::fleet_ttl_range_ms`), then the ids in order (from 13).
 const REDIS_CLAIM: &str = r#"
 local token = ARGV[4]
 local ttl = tonumber(ARGV[5])
@@ -52,14 +54,27 @@ local cap = tonumber(ARGV[6])
 -- or lapsed before another server took the id (see claim::choose_worker).
 local wait = born + tonumber(ARGV[10]) - now
 if wait > 0 then return {'settling', now, born, wait} end
-for i = 11, #ARGV do
+-- Nothing beside a holder whose claim_ttl is out of range (see claim::ttl_mismatch).
+local low, high, lo, hi, off = tonumber(ARGV[11]), tonumber(ARGV[12]), nil, nil, false
+for i = 13, #ARGV do
+  local w = ARGV[i]
+  local holder = redis.call('GET', key('claim', w))
+  local t = tonumber(redis.call('GET', key('ttl', w)))
+  if holder and holder ~= token and t then
+    if (not lo) or t < lo then lo = t end
+    if (not hi) or t > hi then hi = t end
+    if t < low or t > high then off = true end
+  end
+end
+if off then return {'ttl', now, born, lo, hi} end
+for i = 13, #ARGV do
   local w = ARGV[i]
   if redis.call('GET', key('claim', w)) == token then
     hold(w, token, ttl, cap)
     return {'own', now, born, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
   end
 end
-for i = 11, #ARGV do
+for i = 13, #ARGV do
   local w = ARGV[i]
   if redis.call('EXISTS', key('claim', w)) == 0 then
     local mark = tonumber(redis.call('GET', key('released', w)) or redis.call('GET', key('high_water', w)))
@@ -72,7 +87,7 @@ for i = 11, #ARGV do
     return {'free', now, born, tonumber(w)}
   end
 end
-return {'exhausted', now, born, #ARGV - 10}
+return {'exhausted', now, born, #ARGV - 12}
 "#;
 
 /// ARGV: the prelude's, then 11 worker, 12 the incarnation's birth the holder knows ('' to
@@ -569,8 +584,13 @@ impl Registry for RedisRegistry {
     fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
         let script = self.claim.clone();
         self.with(|con, epoch| {
-            let ids: Vec<String> = request.order.iter().map(|w| w.to_string()).collect();
-            let (word, rest, observed) = Self::invoke(con, epoch, &script, request, &ids)?;
+            let (low, high) = request.timing().fleet_ttl_range_ms();
+            let args: Vec<String> = [low, high]
+                .iter()
+                .map(|v| v.to_string())
+                .chain(request.order.iter().map(|w| w.to_string()))
+                .collect();
+            let (word, rest, observed) = Self::invoke(con, epoch, &script, request, &args)?;
             let int = |i| int_at(&rest, i);
             let worker = |i| -> Result<u8> {
                 int(i)?
@@ -598,6 +618,10 @@ impl Registry for RedisRegistry {
                 },
                 "epoch" => ClaimReply::EpochMismatch {
                     registry_epoch_unix_ms: int(0)?.unwrap_or(0),
+                },
+                "ttl" => ClaimReply::TtlMismatch {
+                    others_min_ms: int(0)?.unwrap_or(0).max(0) as u64,
+                    others_max_ms: int(1)?.unwrap_or(0).max(0) as u64,
                 },
                 other => match rejected(other) {
                     Some(age) => ClaimReply::Rejected(age),
