@@ -45,6 +45,11 @@ pub struct Fixes {
     /// clock is behind its predecessor's (a restart or failover onto another host). Taken
     /// out: one `ttl`, which covered a jump of `ttl / 10`.
     pub settle_clock_term: bool,
+    /// Issue 37: a server whose `claim_ttl` is more than a fifth off another live holder's
+    /// in its datacenter is refused an id ([`claim::ttl_mismatch`]). It closes the half of
+    /// path 1 where the longer `claim_ttl` would hold; the half where a shorter one asks
+    /// first after a loss (the records gone) stays open.
+    pub refuse_ttl_out_of_ratio: bool,
 }
 
 impl Fixes {
@@ -60,6 +65,7 @@ impl Fixes {
         renew_only_within_fence: true,
         etcd_grant_quarantine: true,
         settle_clock_term: true,
+        refuse_ttl_out_of_ratio: true,
     };
 }
 
@@ -903,6 +909,17 @@ impl Sim {
                 let order = claim::claim_order(preferred, worker_ids - 1);
                 let token_text = token.to_string();
                 let mut choice = claim::choose_worker(&order, &holder_refs, &token_text, settle);
+                if fixes.refuse_ttl_out_of_ratio && settle == 0 {
+                    let others: Vec<u64> = data
+                        .claims
+                        .values()
+                        .filter(|claim| claim.expires > now && claim.token != token)
+                        .map(|claim| claim.ttl_ms as u64)
+                        .collect();
+                    if claim::ttl_mismatch(timing, &others).is_some() {
+                        return (Reply::Exhausted, client);
+                    }
+                }
                 if !fixes.no_own_claim_while_settling {
                     if let Some(&(w, _)) = holder_refs.iter().find(|(_, t)| *t == token_text) {
                         choice = ClaimChoice::Own(w);
