@@ -94,6 +94,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         last_failure: String::new(),
         quarantine_until_mono_ms: None,
         registry_clock: None,
+        fleet_ttl_ms: 0,
     };
     let options = registry::Options {
         timeout: Duration::from_millis(timing.heartbeat_ms()),
@@ -192,6 +193,10 @@ struct Holder {
     /// last seen: a new incarnation whose clock went back further than the settle covers is
     /// reported ([`ClaimTiming::max_registry_clock_jump_ms`]).
     registry_clock: Option<(i64, claim::ClockSample)>,
+    /// The longest `claim_ttl` (ms) of another holder of the datacenter that a refusal
+    /// named (0: none): this server's claims settle for it (`ClaimRequest::fleet_ttl_ms`).
+    /// Kept in memory only: a restart forgets it.
+    fleet_ttl_ms: u64,
 }
 
 impl Holder {
@@ -231,6 +236,7 @@ impl Holder {
             sent_unix_ms: started_unix_ms,
             cap_unix_ms: fence.cap_unix_ms,
             epoch_unix_ms: self.config.epoch.unix_ms(),
+            fleet_ttl_ms: self.fleet_ttl_ms,
         };
         let heartbeat = self.timing.heartbeat_ms();
         let retry = (heartbeat / 2).max(100);
@@ -374,7 +380,7 @@ impl Holder {
                 self.watch_registry_clock(&observed);
                 let why = format!(
                     "The registry grants free worker ids in {wait_ms} ms: it began less than {} ms ago (new, restarted, crash-restarted, restored or failed over), and servers still holding claims renew them first.",
-                    self.timing.settle_ms()
+                    ClaimTiming::new(self.timing.ttl_ms().max(self.fleet_ttl_ms)).settle_ms()
                 );
                 self.report(ClaimStatus::Settling, &why, 0);
                 wait_ms.clamp(10, heartbeat)
@@ -407,6 +413,9 @@ impl Holder {
                 },
                 _,
             )) => {
+                // After a loss of the registry's records this server settles for the longest
+                // claim_ttl it was refused beside, not its own.
+                self.fleet_ttl_ms = self.fleet_ttl_ms.max(others_max_ms);
                 let why = format!(
                     "Servers holding worker ids of datacenter {} have snowflake.claim_ttl from {others_min_ms} ms to {others_max_ms} ms; this server's is {} ms. One datacenter's servers may differ by at most a fifth: after the registry loses its data, a server with a much shorter claim_ttl could be given an id that one with a longer claim_ttl still uses.",
                     self.config.datacenter_id,

@@ -100,6 +100,7 @@ struct OwnedRequest {
     sent_unix_ms: i64,
     cap_unix_ms: i64,
     epoch_unix_ms: i64,
+    fleet_ttl_ms: u64,
 }
 
 impl OwnedRequest {
@@ -112,6 +113,7 @@ impl OwnedRequest {
             sent_unix_ms: r.sent_unix_ms,
             cap_unix_ms: r.cap_unix_ms,
             epoch_unix_ms: r.epoch_unix_ms,
+            fleet_ttl_ms: r.fleet_ttl_ms,
         }
     }
 
@@ -124,6 +126,7 @@ impl OwnedRequest {
             sent_unix_ms: self.sent_unix_ms,
             cap_unix_ms: self.cap_unix_ms,
             epoch_unix_ms: self.epoch_unix_ms,
+            fleet_ttl_ms: self.fleet_ttl_ms,
         }
     }
 }

@@ -787,15 +787,16 @@ class FleetAssumptions(FleetFaultBase):
     claim_ttl on a running fleet (path 1)."""
 
     def holder_cut_off_then_registry_restarted(self, ttl_h, ttl_c, clock_h_ms, clock_c_ms,
-                                               jump_ms, what):
+                                               jump_ms, what, c_refused_first=False):
         """Holder H (claim_ttl `ttl_h`, clock `clock_h_ms` off the registry's) writes under
         worker w, the datacenter's only free id; right after one of its renewals it is cut
         off from Redis, which restarts empty with its clock `jump_ms` back. Newcomer C
         (claim_ttl `ttl_c`, clock `clock_c_ms` off the old registry's) starts then; its
         first request begins the new incarnation and it is granted w once that settled,
         with no mark (the registry is empty), so its IDs start at its own clock. C writes
-        until its clock has passed H's last timestamp by a second. Returns the duplicates
-        (and reports the figures)."""
+        until its clock has passed H's last timestamp by a second. `c_refused_first`: C
+        runs already before the cut, refused beside H (its claim_ttl out of ratio). Returns
+        the duplicates (and reports the figures)."""
         redis = self.started(ShiftedRedis())
         for w in range(1, WORKERS):
             redis.hold(DC, w)
@@ -806,6 +807,9 @@ class FleetAssumptions(FleetFaultBase):
         wh = wait_claimed(h)
         wr_h = self.writer(h)
         wr_h.running(200)
+        if c_refused_first:
+            self.up(c)
+            self.assertIn("claim_ttl", refusal(c).diag.message_detail)
 
         renewed_at = after_renewal(h)
         ph.mode = "drop"  # H's renewals reach no registry from now on
@@ -813,7 +817,8 @@ class FleetAssumptions(FleetFaultBase):
         redis.clock_ms = -jump_ms
         redis.start()  # empty, on the "other host"
         restarted_in = time.monotonic() - renewed_at
-        self.up(c)  # its first request begins the new incarnation
+        if not c_refused_first:
+            self.up(c)  # its first request begins the new incarnation
         seen = set()
         self.assertEqual(wait_claimed(c, seen=seen), wh)
         granted_after = time.monotonic() - renewed_at
@@ -839,6 +844,19 @@ class FleetAssumptions(FleetFaultBase):
             f"{dup} duplicates"))
         return dup, f"H ({len(wr_h.got)} IDs) and C ({len(wr_c.got)} IDs) on worker {wh}; " \
                     f"C's first timestamp is {gap_ms} ms above H's last"
+
+    def test_12_a_server_refused_for_its_claim_ttl_settles_for_the_holders(self):
+        """Issue 37, path 1 with the misconfigured server running: holder H at 10 s, newcomer
+        C at 5 s refused beside it (so it issues nothing). H is cut off right after a
+        renewal and Redis restarts empty: the records of H's claim_ttl are gone. C settles
+        for the 10 s its refusal named (12 s), not its own 5 s (6 s), so it is given H's id
+        only after H's fence ended: no ID twice (settling for its own claim_ttl, as before
+        issue 37's last change: 29,200 duplicates, C's first timestamp 1,019 ms below H's
+        last)."""
+        dup, detail = self.holder_cut_off_then_registry_restarted(
+            10, 5, clock_h_ms=1900, clock_c_ms=-950, jump_ms=0,
+            what="claim_ttl 5 s refused beside 10 s, then the registry lost", c_refused_first=True)
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs: {detail}")
 
     def test_11_etcd_refuses_a_claim_ttl_out_of_ratio(self):
         """test_registry's claim_ttl refusal (Redis, the coordinator), on etcd: the holder's

@@ -50,6 +50,10 @@ pub struct Fixes {
     /// path 1 where the longer `claim_ttl` would hold; the half where a shorter one asks
     /// first after a loss (the records gone) stays open.
     pub refuse_ttl_out_of_ratio: bool,
+    /// Issue 37: a server refused beside a longer `claim_ttl` remembers it (in memory) and
+    /// its claims settle for it, so that after a loss of the records it is not given that
+    /// holder's id after its own short settle.
+    pub settle_for_refused_ttl: bool,
 }
 
 impl Fixes {
@@ -66,6 +70,7 @@ impl Fixes {
         etcd_grant_quarantine: true,
         settle_clock_term: true,
         refuse_ttl_out_of_ratio: true,
+        settle_for_refused_ttl: true,
     };
 }
 
@@ -234,9 +239,18 @@ struct Registry {
 
 #[derive(Debug, Clone, Copy)]
 enum Request {
-    Claim { preferred: Option<u8> },
-    Renew { worker: u8, reassert: Option<i64> },
-    Release { worker: u8, released: Option<i64> },
+    Claim {
+        preferred: Option<u8>,
+        fleet_ttl_ms: u64,
+    },
+    Renew {
+        worker: u8,
+        reassert: Option<i64>,
+    },
+    Release {
+        worker: u8,
+        released: Option<i64>,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -244,6 +258,7 @@ enum Reply {
     Granted { worker: u8, floor: Option<i64> },
     Settling { wait_ms: u64 },
     Exhausted,
+    Refused { others_max_ms: u64 },
     Renewed,
     Lost,
     Rejected,
@@ -293,6 +308,8 @@ struct Copy {
     etcd: EtcdClient,
     /// Monotonic time before which a quarantined grant issues nothing.
     quarantine_until_mono: u64,
+    /// The longest `claim_ttl` a refusal named (0: none); forgotten at a restart.
+    fleet_ttl_ms: u64,
 }
 
 impl Copy {
@@ -406,6 +423,7 @@ impl Sim {
                 busy: true,
                 etcd: EtcdClient::default(),
                 quarantine_until_mono: 0,
+                fleet_ttl_ms: 0,
             });
         }
         let max_ttl = copies
@@ -680,6 +698,7 @@ impl Sim {
             },
             None => Request::Claim {
                 preferred: copy.preferred,
+                fleet_ttl_ms: copy.fleet_ttl_ms,
             },
         };
         self.send(c, request, wall, fence);
@@ -882,8 +901,16 @@ impl Sim {
             client.last_write = Some((worker, data.revision));
         };
         match request {
-            Request::Claim { preferred } => {
-                let settle = settle_wait(fixes, timing, born, now);
+            Request::Claim {
+                preferred,
+                fleet_ttl_ms,
+            } => {
+                let settle_timing = if fixes.settle_for_refused_ttl {
+                    ClaimTiming::new(timing.ttl_ms().max(fleet_ttl_ms))
+                } else {
+                    timing
+                };
+                let settle = settle_wait(fixes, settle_timing, born, now);
                 let holders: Vec<(u8, String)> = (0..worker_ids)
                     .filter_map(|w| {
                         holder_of(data, w).map(|(t, from_before)| {
@@ -916,8 +943,8 @@ impl Sim {
                         .filter(|claim| claim.expires > now && claim.token != token)
                         .map(|claim| claim.ttl_ms as u64)
                         .collect();
-                    if claim::ttl_mismatch(timing, &others).is_some() {
-                        return (Reply::Exhausted, client);
+                    if let Some((_, others_max_ms)) = claim::ttl_mismatch(timing, &others) {
+                        return (Reply::Refused { others_max_ms }, client);
                     }
                 }
                 if !fixes.no_own_claim_while_settling {
@@ -1125,6 +1152,11 @@ impl Sim {
                 (wait_ms as i64).clamp(10, heartbeat)
             }
             (Request::Claim { .. }, Some((Reply::Exhausted, _, _))) => heartbeat,
+            (Request::Claim { .. }, Some((Reply::Refused { others_max_ms }, _, _))) => {
+                let copy = &mut self.copies[c];
+                copy.fleet_ttl_ms = copy.fleet_ttl_ms.max(others_max_ms);
+                heartbeat
+            }
             (Request::Claim { .. }, _) => retry,
             (Request::Release { .. }, _) => return,
         };
@@ -1216,6 +1248,7 @@ impl Sim {
                 let held = copy.held.take();
                 copy.pending = None;
                 copy.known_born = None;
+                copy.fleet_ttl_ms = 0;
                 copy.floor = i64::MIN;
                 copy.etcd = EtcdClient::default();
                 copy.down_until = t + f.length_ms.min(3_000);

@@ -170,6 +170,20 @@ fn known_paths() -> Vec<KnownPath> {
         },
         KnownPath {
             name:
+                "issue 37 #1: a server refused for its claim_ttl settled for its own after a loss",
+            space: || {
+                let mut space = contended(&[RegistryRestartEmpty, ServerRestart, Partition]);
+                space.ttls_ms = vec![5_000, 10_000];
+                space
+            },
+            without_fix: |f| Fixes {
+                settle_for_refused_ttl: false,
+                ..f
+            },
+            budget: 40_000,
+        },
+        KnownPath {
+            name:
                 "issue 36 review: a holder frozen past its fence renewed a claim a restore revived",
             space: || {
                 let mut space = contended(&[RegistryRestore, Freeze, Partition]);
@@ -382,5 +396,31 @@ fn explore_ttl_ratios() {
             s.found.as_ref().map(|(seed, v)| (seed, &v.what)),
             s.figures()
         );
+    }
+}
+
+/// The refused server's memory of the longer claim_ttl (issue 37, path 1), with and without.
+#[test]
+#[ignore]
+fn explore_refused_ttl_memory() {
+    for faults in [
+        &[RegistryRestartEmpty, Partition][..],
+        &[RegistryRestartEmpty, Partition, Freeze][..],
+        &[RegistryRestartEmpty, ServerRestart, Partition][..],
+    ] {
+        let mut space = contended(faults);
+        space.ttls_ms = vec![5_000, 10_000];
+        for memory in [false, true] {
+            let fixes = Fixes {
+                settle_for_refused_ttl: memory,
+                ..Fixes::ALL
+            };
+            let s = search(&space, fixes, 0, long_schedules());
+            println!(
+                "{faults:?} memory {memory}: {:?} {}",
+                s.found.as_ref().map(|(seed, v)| (seed, &v.what)),
+                s.figures()
+            );
+        }
     }
 }

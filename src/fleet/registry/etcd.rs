@@ -817,7 +817,7 @@ impl Registry for EtcdRegistry {
                 .collect();
             let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
             let settle = request
-                .timing()
+                .claim_timing()
                 .settle_wait_ms(settle_start(&record), earliest);
             let choice = claim::choose_worker(request.order, &holders, request.token, settle);
             // Nothing beside a holder whose claim_ttl is out of range (a renewal records it

@@ -81,11 +81,24 @@ pub struct ClaimRequest<'a> {
     pub cap_unix_ms: i64,
     /// The fleet's epoch (Unix ms).
     pub epoch_unix_ms: i64,
+    /// The longest `claim_ttl` (ms) this server has seen another holder of its datacenter
+    /// have (0: none): a claim, not a renewal, settles for it when it is longer than this
+    /// server's own (see [`ClaimRequest::claim_timing`]).
+    pub fleet_ttl_ms: u64,
 }
 
 impl ClaimRequest<'_> {
     fn timing(&self) -> ClaimTiming {
         ClaimTiming::new(self.ttl_ms)
+    }
+
+    /// The timing a claim settles by: the longer of this server's `claim_ttl` and the
+    /// longest it has seen another holder have. A server refused for a `claim_ttl` far
+    /// below a holder's must not, once the registry lost its records, be given that
+    /// holder's id after its own short settle while the holder still issues (issue 37,
+    /// path 1).
+    fn claim_timing(&self) -> ClaimTiming {
+        ClaimTiming::new(self.ttl_ms.max(self.fleet_ttl_ms))
     }
 }
 

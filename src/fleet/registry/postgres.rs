@@ -906,7 +906,7 @@ impl Registry for PgRegistry {
                     .collect();
                 let holders: Vec<(u8, &str)> =
                     live.iter().map(|(w, t, _)| (*w, t.as_str())).collect();
-                let settle = request.timing().settle_wait_ms(born, now);
+                let settle = request.claim_timing().settle_wait_ms(born, now);
                 // Nothing beside a holder whose claim_ttl is out of range (see
                 // claim::ttl_mismatch).
                 if settle == 0 {

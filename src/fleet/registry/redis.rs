@@ -44,19 +44,20 @@ local function hold(w, token, ttl, cap)
 end
 "#;
 
-/// ARGV: the prelude's, then 11 and 12 the `claim_ttl` range other holders may have
-/// (`ClaimTiming::fleet_ttl_range_ms`), then the ids in order (from 13).
+/// ARGV: the prelude's, then 11 how long a new incarnation settles for this claim (the
+/// request's `claim_timing`, at least the prelude's), 12 and 13 the `claim_ttl` range other
+/// holders may have (`ClaimTiming::fleet_ttl_range_ms`), then the ids in order (from 14).
 const REDIS_CLAIM: &str = r#"
 local token = ARGV[4]
 local ttl = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
 -- Nothing while settling, not even an own claim: it may come from a restored dump, released
 -- or lapsed before another server took the id (see claim::choose_worker).
-local wait = born + tonumber(ARGV[10]) - now
+local wait = born + tonumber(ARGV[11]) - now
 if wait > 0 then return {'settling', now, born, wait} end
 -- Nothing beside a holder whose claim_ttl is out of range (see claim::ttl_mismatch).
-local low, high, lo, hi, off = tonumber(ARGV[11]), tonumber(ARGV[12]), nil, nil, false
-for i = 13, #ARGV do
+local low, high, lo, hi, off = tonumber(ARGV[12]), tonumber(ARGV[13]), nil, nil, false
+for i = 14, #ARGV do
   local w = ARGV[i]
   local holder = redis.call('GET', key('claim', w))
   local t = tonumber(redis.call('GET', key('ttl', w)))
@@ -67,14 +68,14 @@ for i = 13, #ARGV do
   end
 end
 if off then return {'ttl', now, born, lo, hi} end
-for i = 13, #ARGV do
+for i = 14, #ARGV do
   local w = ARGV[i]
   if redis.call('GET', key('claim', w)) == token then
     hold(w, token, ttl, cap)
     return {'own', now, born, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
   end
 end
-for i = 13, #ARGV do
+for i = 14, #ARGV do
   local w = ARGV[i]
   if redis.call('EXISTS', key('claim', w)) == 0 then
     local mark = tonumber(redis.call('GET', key('released', w)) or redis.call('GET', key('high_water', w)))
@@ -87,7 +88,7 @@ for i = 13, #ARGV do
     return {'free', now, born, tonumber(w)}
   end
 end
-return {'exhausted', now, born, #ARGV - 12}
+return {'exhausted', now, born, #ARGV - 13}
 "#;
 
 /// ARGV: the prelude's, then 11 worker, 12 the incarnation's birth the holder knows ('' to
@@ -585,7 +586,8 @@ impl Registry for RedisRegistry {
         let script = self.claim.clone();
         self.with(|con, epoch| {
             let (low, high) = request.timing().fleet_ttl_range_ms();
-            let args: Vec<String> = [low, high]
+            let settle = request.claim_timing().settle_ms();
+            let args: Vec<String> = [settle, low, high]
                 .iter()
                 .map(|v| v.to_string())
                 .chain(request.order.iter().map(|w| w.to_string()))
