@@ -411,10 +411,14 @@ impl Holder {
                     others_min_ms,
                     others_max_ms,
                 },
-                _,
+                observed,
             )) => {
-                // After a loss of the registry's records this server settles for the longest
-                // claim_ttl it was refused beside, not its own.
+                // A refused server asks first once the registry lost its records: its view of
+                // the registry's clock must be fresh, like a waiter's.
+                self.watch_registry_clock(&observed);
+                // After a loss of the registry's records this server settles (and, on etcd,
+                // waits out a grant's quarantine) for the longest claim_ttl it was refused
+                // beside, not its own.
                 self.fleet_ttl_ms = self.fleet_ttl_ms.max(others_max_ms);
                 let why = format!(
                     "Servers holding worker ids of datacenter {} have snowflake.claim_ttl from {others_min_ms} ms to {others_max_ms} ms; this server's is {} ms. One datacenter's servers may differ by at most a fifth: after the registry loses its data, a server with a much shorter claim_ttl could be given an id that one with a longer claim_ttl still uses.",

@@ -1127,8 +1127,14 @@ impl Sim {
                     return self.next_step(c, heartbeat);
                 }
                 if self.fixes.etcd_grant_quarantine && self.space.store == Store::Etcd {
+                    let quarantine_timing = if self.fixes.settle_for_refused_ttl {
+                        ClaimTiming::new(timing.ttl_ms().max(self.copies[c].fleet_ttl_ms))
+                    } else {
+                        timing
+                    };
                     let quarantine = claim::Quarantine::after_reply(
-                        timing.grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64),
+                        quarantine_timing
+                            .grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64),
                         wall,
                         self.copies[c].mono(t),
                     );

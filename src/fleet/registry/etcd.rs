@@ -839,8 +839,10 @@ impl Registry for EtcdRegistry {
                 }
             }
             // Every grant is used only after its quarantine (see the module's text).
+            // For the longer claim_ttl a refused server remembers, like its settle: the
+            // holder a restore can lose without a sign fences for its own.
             let quarantine_ms = request
-                .timing()
+                .claim_timing()
                 .grant_quarantine_ms(HTTP_DATE_RESOLUTION_MS as u64);
             Ok(match choice {
                 ClaimChoice::Own(w) => {

@@ -165,7 +165,7 @@ SELECT holder FROM {s}.snowflake_claims \
    AND holder IS NOT NULL AND expires_unix_ms OPERATOR(pg_catalog.>) $3::bigint";
 
 const PG_RELEASE: &str = "\
-UPDATE {s}.snowflake_claims SET holder = NULL, expires_unix_ms = NULL, \
+UPDATE {s}.snowflake_claims SET holder = NULL, expires_unix_ms = NULL, ttl_ms = NULL, \
   released_unix_ms = CASE WHEN $4::bigint IS NULL THEN NULL \
                           ELSE greatest($4::bigint, floor_unix_ms) END, \
   high_water_unix_ms = greatest(high_water_unix_ms, $4::bigint, floor_unix_ms) \

@@ -110,11 +110,12 @@ if v then return {'lost', now, born, v} end
 return {'lost', now, born}
 "#;
 
-/// KEYS: claim, high water, released, floor. ARGV: token, released ('' for none). The mark
-/// only rises; the released value (never below the holder's floor) is the next floor.
+/// KEYS: claim, high water, released, floor, the holder's claim_ttl. ARGV: token, released
+/// ('' for none). The mark only rises; the released value (never below the holder's floor)
+/// is the next floor.
 const REDIS_RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[5])
 local v = tonumber(ARGV[2])
 if v then
   local floor = tonumber(redis.call('GET', KEYS[4]))
@@ -688,6 +689,7 @@ impl Registry for RedisRegistry {
                 .key(key("high_water"))
                 .key(key("released"))
                 .key(key("floor"))
+                .key(key("ttl"))
                 .arg(token)
                 .arg(released_unix_ms.map(|v| v.to_string()).unwrap_or_default())
                 .invoke(con)?;
