@@ -82,6 +82,13 @@ impl ClaimTiming {
         self.ttl_ms + self.max_skew_ms()
     }
 
+    /// The timing of the longer of this `claim_ttl` and `ttl_ms`: what a claim settles (and
+    /// an etcd grant is quarantined) by when this server was refused beside a holder with a
+    /// longer one ([`ttl_mismatch`]).
+    pub fn at_least(self, ttl_ms: u64) -> ClaimTiming {
+        ClaimTiming::new(self.ttl_ms.max(ttl_ms))
+    }
+
     /// The `claim_ttl` values (ms) the other holders of a datacenter may have for this
     /// server to be given an id there: within a fifth either way, 4/5 to 5/4 of its own
     /// (see [`ttl_mismatch`]).
@@ -541,6 +548,8 @@ mod tests {
     fn ttl_mismatch_allows_a_fifth_either_way() {
         let t = ClaimTiming::new;
         assert_eq!(t(10_000).fleet_ttl_range_ms(), (8_000, 12_500));
+        assert_eq!(t(5_000).at_least(10_000), t(10_000));
+        assert_eq!(t(5_000).at_least(0), t(5_000));
         assert_eq!(ttl_mismatch(t(10_000), &[]), None);
         assert_eq!(ttl_mismatch(t(8_000), &[10_000, 9_000]), None);
         assert_eq!(ttl_mismatch(t(10_000), &[8_000, 12_500]), None);

@@ -376,11 +376,11 @@ impl Holder {
                 wait
             }
             Ok((ClaimReply::Settling { wait_ms }, observed)) => {
+                let settle_ms = request.claim_timing().settle_ms();
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
                 self.watch_registry_clock(&observed);
                 let why = format!(
-                    "The registry grants free worker ids in {wait_ms} ms: it began less than {} ms ago (new, restarted, crash-restarted, restored or failed over), and servers still holding claims renew them first.",
-                    ClaimTiming::new(self.timing.ttl_ms().max(self.fleet_ttl_ms)).settle_ms()
+                    "The registry grants free worker ids in {wait_ms} ms: it began less than {settle_ms} ms ago (new, restarted, crash-restarted, restored or failed over), and servers still holding claims renew them first."
                 );
                 self.report(ClaimStatus::Settling, &why, 0);
                 wait_ms.clamp(10, heartbeat)

@@ -166,6 +166,14 @@ CLOCK_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..
 CLOCK_OFFSET_BYTES = 32  # the shim's offset file: a number of ms padded to this size
 
 
+def write_clock_offset(path, shift_ms):
+    """Writes the clock shim's offset file (ms from the real clock), in place: the processes
+    that run under the shim map it, and see the new offset at once."""
+    text = str(int(shift_ms)).ljust(CLOCK_OFFSET_BYTES).encode()
+    with open(path, "r+b" if os.path.exists(path) else "wb") as f:
+        f.write(text)
+
+
 def clock_shim_lib():
     """Builds tests/clockshim (once per run) and returns the path of the library. It shifts
     CLOCK_REALTIME of every process of a server, background workers included, which
@@ -279,11 +287,8 @@ class Cluster:
 
     def shift_clock_ms(self, shift_ms):
         """Sets the shim's offset (ms, from the real clock); takes effect at once in every
-        process of the server. Written in place: the processes map the file."""
-        text = str(int(shift_ms)).ljust(CLOCK_OFFSET_BYTES).encode()
-        mode = "r+b" if os.path.exists(self.clock_file) else "wb"
-        with open(self.clock_file, mode) as f:
-            f.write(text)
+        process of the server."""
+        write_clock_offset(self.clock_file, shift_ms)
         shutil.chown(self.clock_file, "postgres", "postgres")
 
     def set_clock_offset(self, offset):

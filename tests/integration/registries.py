@@ -33,6 +33,10 @@ def port_open(port, host="127.0.0.1"):
         return False
 
 
+class ServerExited(AssertionError):
+    """A test server exited by itself while a fixture waited for it."""
+
+
 def wait_started(proc, ready, what, log_path=None, timeout=HANG_GUARD):
     """Waits until the server `proc` is `ready()`. Fails at once if it exits first, with its
     exit code and log tail: a server that cannot bind its port exits, and a wait for it
@@ -46,7 +50,7 @@ def wait_started(proc, ready, what, log_path=None, timeout=HANG_GUARD):
                         tail = "\n" + "".join(f.readlines()[-15:])
                 except OSError as e:
                     tail = f" (no log: {e})"
-            raise AssertionError(f"{what} exited by itself (exit code {proc.returncode}){tail}")
+            raise ServerExited(f"{what} exited by itself (exit code {proc.returncode}){tail}")
         return ready()
     wait_until(check, timeout=timeout, what=what)
 
@@ -224,26 +228,29 @@ class EtcdCluster:
             members = [i for i in range(self.n) if self.procs[i] is not None]
 
         def healthy():
-            self.fail_if_exited(members)
             r = self.etcdctl("endpoint", "health", endpoints=self.endpoints(members),
                              check=False, timeout=5)
             return r.returncode == 0 and self.leader(check=False) is not None
-        try:
-            wait_until(healthy, timeout=timeout, what=f"etcd members {members} healthy")
-        except AssertionError as e:
-            if "timed out" not in str(e):
-                raise
-            raise AssertionError(f"{e}\n{self.diagnosis()}") from None
+        self.wait_for(healthy, members, f"etcd members {members} healthy", timeout)
 
-    def fail_if_exited(self, members):
-        """Fails at once, with what the members say, if one of `members` exited by itself
-        (a member that cannot bind its ports exits: waiting for it would only time out)."""
-        gone = {i: self.procs[i].returncode for i in members
-                if self.procs[i] is not None and self.procs[i].poll() is not None}
-        if gone:
-            raise AssertionError(f"etcd member(s) exited by themselves (index: exit code) "
-                                 f"{gone}; ports client {self.client_ports} peer "
-                                 f"{self.peer_ports}\n{self.diagnosis()}")
+    def wait_for(self, condition, members, what, timeout=HANG_GUARD):
+        """Waits until `condition()`. Fails at once if one of `members` exited by itself (a
+        member that cannot bind its ports exits: waiting for it would only time out); both
+        that failure and a timeout carry what the members say (`diagnosis`)."""
+        def check():
+            gone = {i: self.procs[i].returncode for i in members
+                    if self.procs[i] is not None and self.procs[i].poll() is not None}
+            if gone:
+                raise ServerExited(f"etcd member(s) exited by themselves (index: exit code) "
+                                   f"{gone}; ports client {self.client_ports} peer "
+                                   f"{self.peer_ports}\n{self.diagnosis()}")
+            return condition()
+        try:
+            wait_until(check, timeout=timeout, what=what)
+        except ServerExited:
+            raise
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.diagnosis()}") from None
 
     def running(self, i):
         return self.procs[i] is not None and self.procs[i].poll() is None

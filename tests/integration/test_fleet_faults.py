@@ -30,8 +30,8 @@ import unittest
 
 import psycopg
 
-from harness import BASE, CLOCK_OFFSET_BYTES, HANG_GUARD, PG_MAJOR, clock_shim_lib, \
-    report_figure, wait_live, wait_until
+from harness import BASE, HANG_GUARD, PG_MAJOR, clock_shim_lib, report_figure, wait_live, \
+    wait_until, write_clock_offset
 from registries import EtcdCluster, wait_started
 from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
     refusal, wait_claimed, wait_status
@@ -299,8 +299,13 @@ class RedisServer(Redis):
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--daemonize", "no", "--dir", self.dir,
              "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.cli("PING", check=False) == "PONG", what="redis-server")
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.environment())
+        wait_started(self.proc, lambda: self.cli("PING", check=False) == "PONG",
+                     f"redis-server {self.port}")
+
+    def environment(self):
+        """The server's environment (a subclass adds to it)."""
+        return dict(os.environ)
 
     def run_id(self):
         return redis_info(self, "server", "run_id")
@@ -325,18 +330,10 @@ class ShiftedRedis(RedisServer):
         self.clock_file = os.path.join(self.dir, "clock-offset")
         self.clock_ms = 0
 
-    def start(self):
-        os.makedirs(self.dir, exist_ok=True)
-        with open(self.clock_file, "wb") as f:
-            f.write(str(int(self.clock_ms)).ljust(CLOCK_OFFSET_BYTES).encode())
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "LD_PRELOAD": clock_shim_lib(),
-                 "SNOWFLAKE_CLOCK_OFFSET_FILE": self.clock_file})
-        wait_started(self.proc, lambda: self.cli("PING", check=False) == "PONG",
-                     f"redis-server {self.port}")
+    def environment(self):
+        write_clock_offset(self.clock_file, self.clock_ms)
+        return {**os.environ, "LD_PRELOAD": clock_shim_lib(),
+                "SNOWFLAKE_CLOCK_OFFSET_FILE": self.clock_file}
 
     def script_calls(self):
         """Scripts run so far (EVAL, EVALSHA): the nodes' requests."""

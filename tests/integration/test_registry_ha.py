@@ -803,13 +803,8 @@ class EtcdRegistry(HABase):
         leader, in_use = self.member_in_use(etcd, [a, b])
         etcd.kill(leader)
         killed_at = time.monotonic()
-        try:
-            def new_leader():
-                etcd.fail_if_exited([i for i in range(etcd.n) if i != leader])
-                return etcd.leader(check=False) not in (None, leader)
-            wait_until(new_leader, timeout=HANG_GUARD, what="a new etcd leader")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{etcd.diagnosis()}") from None
+        etcd.wait_for(lambda: etcd.leader(check=False) not in (None, leader),
+                      [i for i in range(etcd.n) if i != leader], "a new etcd leader")
         election = time.monotonic() - killed_at
         # Real time passes (scenario): a holder that could not renew stops ttl/2 after its
         # last renewal began; watch past that, a heartbeat and the election.

@@ -905,12 +905,8 @@ impl Sim {
                 preferred,
                 fleet_ttl_ms,
             } => {
-                let settle_timing = if fixes.settle_for_refused_ttl {
-                    ClaimTiming::new(timing.ttl_ms().max(fleet_ttl_ms))
-                } else {
-                    timing
-                };
-                let settle = settle_wait(fixes, settle_timing, born, now);
+                let settle =
+                    settle_wait(fixes, claim_timing(fixes, timing, fleet_ttl_ms), born, now);
                 let holders: Vec<(u8, String)> = (0..worker_ids)
                     .filter_map(|w| {
                         holder_of(data, w).map(|(t, from_before)| {
@@ -1127,13 +1123,8 @@ impl Sim {
                     return self.next_step(c, heartbeat);
                 }
                 if self.fixes.etcd_grant_quarantine && self.space.store == Store::Etcd {
-                    let quarantine_timing = if self.fixes.settle_for_refused_ttl {
-                        ClaimTiming::new(timing.ttl_ms().max(self.copies[c].fleet_ttl_ms))
-                    } else {
-                        timing
-                    };
                     let quarantine = claim::Quarantine::after_reply(
-                        quarantine_timing
+                        claim_timing(self.fixes, timing, self.copies[c].fleet_ttl_ms)
                             .grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64),
                         wall,
                         self.copies[c].mono(t),
@@ -1294,6 +1285,16 @@ impl Sim {
 }
 
 /// How long a registry born at `born` still settles at `now` (its clock).
+/// The timing a claim settles and is quarantined by: `ClaimRequest::claim_timing` (the
+/// longest `claim_ttl` a refusal named), or the server's own without that rule.
+fn claim_timing(fixes: Fixes, timing: ClaimTiming, fleet_ttl_ms: u64) -> ClaimTiming {
+    if fixes.settle_for_refused_ttl {
+        timing.at_least(fleet_ttl_ms)
+    } else {
+        timing
+    }
+}
+
 fn settle_wait(fixes: Fixes, timing: ClaimTiming, born: i64, now: i64) -> u64 {
     if fixes.settle_clock_term {
         timing.settle_wait_ms(born, now)

@@ -97,8 +97,8 @@ impl ClaimRequest<'_> {
     /// below a holder's must not, once the registry lost its records, be given that
     /// holder's id after its own short settle while the holder still issues (issue 37,
     /// path 1).
-    fn claim_timing(&self) -> ClaimTiming {
-        ClaimTiming::new(self.ttl_ms.max(self.fleet_ttl_ms))
+    pub(crate) fn claim_timing(&self) -> ClaimTiming {
+        self.timing().at_least(self.fleet_ttl_ms)
     }
 }
 

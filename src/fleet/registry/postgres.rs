@@ -900,20 +900,21 @@ impl Registry for PgRegistry {
             ClaimReply::Rejected,
             |tx, sql, now, born| {
                 let rows = tx.query(&sql.live, &[&i32::from(request.datacenter_id), &now])?;
-                let live: Vec<(u8, String, Option<i64>)> = rows
+                // (worker, holder, floor, the holder's claim_ttl)
+                let live: Vec<(u8, String, Option<i64>, Option<i64>)> = rows
                     .iter()
-                    .map(|r| (r.get::<_, i32>(0) as u8, r.get(1), r.get(2)))
+                    .map(|r| (r.get::<_, i32>(0) as u8, r.get(1), r.get(2), r.get(3)))
                     .collect();
                 let holders: Vec<(u8, &str)> =
-                    live.iter().map(|(w, t, _)| (*w, t.as_str())).collect();
+                    live.iter().map(|(w, t, _, _)| (*w, t.as_str())).collect();
                 let settle = request.claim_timing().settle_wait_ms(born, now);
                 // Nothing beside a holder whose claim_ttl is out of range (see
                 // claim::ttl_mismatch).
                 if settle == 0 {
-                    let others: Vec<u64> = rows
+                    let others: Vec<u64> = live
                         .iter()
-                        .filter(|r| r.get::<_, String>(1) != request.token)
-                        .filter_map(|r| r.get::<_, Option<i64>>(3))
+                        .filter(|(_, t, _, _)| t != request.token)
+                        .filter_map(|(_, _, _, ttl)| *ttl)
                         .map(|t| t.max(0) as u64)
                         .collect();
                     if let Some((others_min_ms, others_max_ms)) =
@@ -934,8 +935,8 @@ impl Registry for PgRegistry {
                                 granted: Granted::Own,
                                 floor_unix_ms: live
                                     .iter()
-                                    .find(|(id, _, _)| *id == w)
-                                    .and_then(|(_, _, f)| *f),
+                                    .find(|(id, _, _, _)| *id == w)
+                                    .and_then(|(_, _, f, _)| *f),
                                 quarantine_ms: 0,
                             }
                         }
