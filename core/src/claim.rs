@@ -22,6 +22,8 @@
 //!   ([`ClaimTiming::max_registry_clock_jump_ms`]; issue 37's third path had 1.2 s against the
 //!   `ttl / 10` the settle of one `ttl` left).
 
+use serde::{Deserialize, Serialize};
+
 /// Default of `snowflake.claim_ttl` (ms).
 pub const DEFAULT_CLAIM_TTL_MS: u64 = 10_000;
 /// Smallest `snowflake.claim_ttl` (ms): below it a heartbeat is shorter than a slow registry
@@ -473,6 +475,102 @@ pub fn claim_order(preferred: Option<u8>, max_worker_id: u8) -> Vec<u8> {
     order
 }
 
+/// A holder's claim tokens (issue 37: a running server copied with its memory). The
+/// registry stores one token per claim; every grant and every renewal replaces it with a new
+/// one, drawn at random by the holder, and acts only for a request that names the stored
+/// token as its own. Two copies of one running server (a VM cloned or reverted with its
+/// memory, a process snapshot restored) start with the same tokens, but each draws its own
+/// from then on: the first write of either replaces the stored token with one the other
+/// never knew, and the other is refused from then on. Their IDs coincide only until then
+/// (docs/fleets.md gives the bound).
+///
+/// A renewal whose reply was lost may have written its token, so a renewal's token counts
+/// as this server's until a reply confirms the write ([`ClaimTokens::confirmed`]), and the
+/// retry writes the same one. A claim always writes a token drawn for it alone: a token
+/// drawn before a copy was made must never be granted to both copies (one copy could take
+/// the claim as its own by a token the other also holds, after any number of failed
+/// requests). The registry worker keeps the tokens in a file (`durable::TOKEN_FILE`), so
+/// that its restarts keep its claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimTokens {
+    /// The postmaster's own random token, made at its start: a file written under another
+    /// postmaster (a restart, a copy of the data directory) is not this server's.
+    pub postmaster: String,
+    /// The token the registry holds for this server's claim, as far as it knows.
+    pub current: String,
+    /// The token the last request wrote or may have written (`current` when confirmed).
+    pub next: String,
+}
+
+/// The tokens one request names: those it may find stored as its server's, and the one it
+/// writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestTokens {
+    /// What the registry may hold for this server.
+    pub held: [String; 2],
+    /// What the request writes.
+    pub write: String,
+}
+
+impl RequestTokens {
+    /// Whether a token the registry stores is this server's.
+    pub fn holds(&self, stored: &str) -> bool {
+        stored == self.write || self.held.iter().any(|t| t == stored)
+    }
+}
+
+impl ClaimTokens {
+    /// The tokens of a server that has written none yet: its postmaster's.
+    pub fn first(postmaster: &str) -> ClaimTokens {
+        ClaimTokens {
+            postmaster: postmaster.to_string(),
+            current: postmaster.to_string(),
+            next: postmaster.to_string(),
+        }
+    }
+
+    /// Whether a request may have written `next` without a reply saying so.
+    pub fn pending(&self) -> bool {
+        self.next != self.current
+    }
+
+    /// The tokens of a renewal: `fresh` (new random) is written, unless a renewal's token
+    /// may have been written already (it is written again).
+    pub fn for_renewal(&mut self, fresh: String) -> RequestTokens {
+        let held = [self.current.clone(), self.next.clone()];
+        if !self.pending() {
+            self.next = fresh;
+        }
+        RequestTokens {
+            held,
+            write: self.next.clone(),
+        }
+    }
+
+    /// The tokens of a claim: `fresh` (new random) is written, always.
+    pub fn for_claim(&mut self, fresh: String) -> RequestTokens {
+        let held = [self.current.clone(), self.next.clone()];
+        self.next = fresh;
+        RequestTokens {
+            held,
+            write: self.next.clone(),
+        }
+    }
+
+    /// The tokens of a release: nothing is written.
+    pub fn for_release(&self) -> RequestTokens {
+        RequestTokens {
+            held: [self.current.clone(), self.next.clone()],
+            write: self.next.clone(),
+        }
+    }
+
+    /// A reply confirmed that the registry stores `next`.
+    pub fn confirmed(&mut self) {
+        self.current = self.next.clone();
+    }
+}
+
 /// Which worker id a claim gets, decided from the registry's view of one datacenter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimChoice {
@@ -486,9 +584,10 @@ pub enum ClaimChoice {
     Exhausted(u32),
 }
 
-/// Decides a claim, once the registry has settled: an id this token holds first (whatever
+/// Decides a claim, once the registry has settled: an id this server holds first (whatever
 /// the order), then the first free id in `order`. `live` lists the ids that are held
-/// (unexpired) and by which token.
+/// (unexpired) and by which token; `mine` tells this server's tokens
+/// ([`ClaimTokens::holds`]).
 ///
 /// While the registry settles it grants nothing, not even an id under this token: its
 /// records may be a restored copy, where this token's claim is one that it released, or let
@@ -498,14 +597,18 @@ pub enum ClaimChoice {
 pub fn choose_worker(
     order: &[u8],
     live: &[(u8, &str)],
-    token: &str,
+    mine: impl Fn(&str) -> bool,
     settle_wait_ms: u64,
 ) -> ClaimChoice {
     if settle_wait_ms > 0 {
         return ClaimChoice::Settling(settle_wait_ms);
     }
     let holder = |w: u8| live.iter().find(|(id, _)| *id == w).map(|(_, t)| *t);
-    if let Some(w) = order.iter().copied().find(|w| holder(*w) == Some(token)) {
+    if let Some(w) = order
+        .iter()
+        .copied()
+        .find(|w| holder(*w).is_some_and(&mine))
+    {
         return ClaimChoice::Own(w);
     }
     match order.iter().copied().find(|w| holder(*w).is_none()) {
@@ -698,20 +801,61 @@ mod tests {
         let live = [(2u8, "other"), (1u8, "me")];
         // Not even an own claim while settling (it may be a restored copy's).
         assert_eq!(
-            choose_worker(&order, &live, "me", 500),
+            choose_worker(&order, &live, |t| t == "me", 500),
             ClaimChoice::Settling(500)
         );
-        assert_eq!(choose_worker(&order, &live, "me", 0), ClaimChoice::Own(1));
         assert_eq!(
-            choose_worker(&order, &live, "new", 500),
+            choose_worker(&order, &live, |t| t == "me", 0),
+            ClaimChoice::Own(1)
+        );
+        assert_eq!(
+            choose_worker(&order, &live, |t| t == "new", 500),
             ClaimChoice::Settling(500)
         );
-        assert_eq!(choose_worker(&order, &live, "new", 0), ClaimChoice::Free(0));
+        assert_eq!(
+            choose_worker(&order, &live, |t| t == "new", 0),
+            ClaimChoice::Free(0)
+        );
         let full = [(0u8, "a"), (1, "b"), (2, "c"), (3, "d")];
         assert_eq!(
-            choose_worker(&order, &full, "new", 0),
+            choose_worker(&order, &full, |t| t == "new", 0),
             ClaimChoice::Exhausted(4)
         );
+    }
+
+    #[test]
+    fn claim_tokens_rotate_and_tell_a_copy_apart() {
+        let mut tokens = ClaimTokens::first("pm");
+        assert!(!tokens.pending());
+        let renewal = tokens.for_renewal("t1".into());
+        // Until a reply, the token the registry had and the one being written both count;
+        // a retry writes the same one.
+        assert_eq!(renewal.write, "t1");
+        assert!(renewal.holds("pm") && renewal.holds("t1") && !renewal.holds("t2"));
+        assert_eq!(tokens.for_renewal("t2".into()).write, "t1");
+        tokens.confirmed();
+        assert!(!tokens.pending() && !tokens.for_release().holds("pm"));
+        // A copy with the same memory draws its own next token: once one copy's write is
+        // stored, the other holds neither the stored token nor the one it writes.
+        let mut copy = tokens.clone();
+        let mine = tokens.for_renewal("t2".into());
+        let theirs = copy.for_renewal("c2".into());
+        let live = [(4u8, "t2")];
+        assert!(!theirs.holds("t2"));
+        assert_eq!(
+            choose_worker(&[4, 5], &live, |t| theirs.holds(t), 0),
+            ClaimChoice::Free(5)
+        );
+        assert_eq!(
+            choose_worker(&[4, 5], &live, |t| mine.holds(t), 0),
+            ClaimChoice::Own(4)
+        );
+        // A claim writes a token of its own even while one is pending: the pending one may
+        // be the other copy's too.
+        let claim = copy.for_claim("c3".into());
+        assert_eq!(claim.write, "c3");
+        assert!(claim.holds("c2") && claim.holds("t1"));
+        assert_eq!(copy.next, "c3");
     }
 
     proptest! {

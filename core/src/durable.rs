@@ -698,6 +698,27 @@ pub fn write_last_claim(data_dir: &Path, claim: &LastClaim) -> io::Result<()> {
     write_json(data_dir, CLAIM_FILE, claim)
 }
 
+/// File with the registry worker's claim tokens ([`crate::claim::ClaimTokens`]), replaced
+/// before every grant and renewal. Only the worker's own restarts and the server's crash
+/// restarts read it (the postmaster lives on, and the page cache with it), so it is written
+/// without fsync: a renewal must not wait for a busy disk. A file written under another
+/// postmaster, or lost, costs only the claim's id (the server is given another): the
+/// registry recognises no token it does not store.
+pub const TOKEN_FILE: &str = "snowflake.claim_token";
+
+/// Reads the token file (None: absent).
+pub fn read_claim_tokens(data_dir: &Path) -> io::Result<Option<crate::claim::ClaimTokens>> {
+    read_json(data_dir, TOKEN_FILE, "claim token file")
+}
+
+/// Replaces the token file (a temporary file renamed over it, no fsync: see [`TOKEN_FILE`]).
+pub fn write_claim_tokens(data_dir: &Path, tokens: &crate::claim::ClaimTokens) -> io::Result<()> {
+    let body = serde_json::to_vec(tokens).map_err(io::Error::other)?;
+    let tmp = data_dir.join(format!("{TOKEN_FILE}.tmp"));
+    fs::write(&tmp, body)?;
+    fs::rename(&tmp, data_dir.join(TOKEN_FILE))
+}
+
 /// Where IDs resume when this server takes over a database whose IDs another cluster
 /// issued, and whose lease (in that cluster's data directory) it cannot see: past
 /// `reach_cap_ms` (this server's, covering IDs borrowed ahead of the clock) from now. The
@@ -780,6 +801,21 @@ mod tests {
         // The floor is about that pair only.
         assert_eq!(read.floor_for(1, 4), None);
         assert_eq!(read.floor_for(2, 3), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_token_file_round_trips() {
+        let dir = temp_dir("token-file");
+        assert_eq!(read_claim_tokens(&dir).unwrap(), None);
+        let mut tokens = crate::claim::ClaimTokens::first("pm");
+        tokens.for_claim("a@h:1".into());
+        write_claim_tokens(&dir, &tokens).unwrap();
+        assert_eq!(read_claim_tokens(&dir).unwrap(), Some(tokens.clone()));
+        tokens.confirmed();
+        write_claim_tokens(&dir, &tokens).unwrap();
+        assert_eq!(read_claim_tokens(&dir).unwrap(), Some(tokens));
+        assert!(!dir.join(format!("{TOKEN_FILE}.tmp")).exists());
         fs::remove_dir_all(&dir).unwrap();
     }
 

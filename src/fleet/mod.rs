@@ -27,16 +27,18 @@ use crate::server::{data_dir, monotonic_ms, now_unix_ms};
 use registry::{ClaimReply, ClaimRequest, Observed, RenewReply};
 use runner::Runner;
 use snowflake_core::claim::{
-    self, AfterFailure, ClaimStatus, ClaimTiming, Fence, Granted, RequestAge,
+    self, AfterFailure, ClaimStatus, ClaimTiming, ClaimTokens, Fence, Granted, RequestAge,
 };
 use snowflake_core::durable::{self, LastClaim};
 use snowflake_core::layout::{UnixMs, MAX_WORKER_ID};
 use snowflake_core::secrets::redacted;
 use snowflake_core::settings::{Config, WorkerId};
 
-/// This postmaster's claim token: random, made once at preload, inherited by every process
-/// it forks. A crash restart keeps it (the postmaster lives on), so the restarted worker
-/// recognises its own claim; a clone of the data directory, or a new start, gets another.
+/// This postmaster's token: random, made once at preload, inherited by every process it
+/// forks. A crash restart keeps it (the postmaster lives on), so the restarted worker
+/// recognises its token file and its claim; a clone of the data directory, or a new start,
+/// gets another. The registry stores the tokens the worker draws for every grant and
+/// renewal ([`ClaimTokens`]), which a copy of the running server does not share.
 static TOKEN: OnceLock<String> = OnceLock::new();
 
 /// Registers the worker, when the settings ask for a claimed worker id. Called while
@@ -45,15 +47,11 @@ pub fn register(config: &Config) {
     if config.worker_id != WorkerId::Auto {
         return;
     }
-    let mut bytes = [0u8; 16];
-    // SAFETY: a valid buffer of the given length.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if got != bytes.len() as isize {
+    let Some(hex) = random_hex() else {
         // Without randomness there is no token to tell this server from a clone: claim nothing.
         errors::claim_setup("could not read random bytes for the claim token").warn();
         return;
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    };
     let _ = TOKEN.set(hex);
     BackgroundWorkerBuilder::new("snowflake registry")
         .set_type("snowflake registry")
@@ -76,13 +74,23 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         return;
     };
     let timing = gucs::claim_timing();
-    let token = format!("{random}@{}", node_description());
+    let node = node_description();
+    let postmaster = format!("{random}@{node}");
+    // The token file of this postmaster (a restart of this worker, a crash restart): the
+    // claim it holds is still its own. Any other file is ignored.
+    let tokens = durable::read_claim_tokens(&data_dir())
+        .ok()
+        .flatten()
+        .filter(|t| t.postmaster == postmaster)
+        .unwrap_or_else(|| ClaimTokens::first(&postmaster));
     let recorded = durable::read_last_claim(&data_dir()).ok().flatten();
     let mut holder = Holder {
         config,
         timing,
         uri: redacted(&uri),
-        token,
+        node,
+        tokens,
+        token_file_failed: false,
         held: None,
         known_born_unix_ms: None,
         floor_unix_ms: i64::MIN,
@@ -147,6 +155,16 @@ fn exit_for_restart() {
     unsafe { pg_sys::proc_exit(1) }
 }
 
+/// 16 random bytes from the kernel, in hex. A memory copy of a running server draws its own:
+/// Linux reseeds its generator when a VM is cloned or restored (vmgenid, 5.18 and later), and
+/// a process snapshot restored runs on a kernel that was not copied.
+fn random_hex() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    // SAFETY: a valid buffer of the given length.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    (got == bytes.len() as isize).then(|| bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Host name and port, to tell holders apart in the registry.
 fn node_description() -> String {
     let mut name = [0u8; 256];
@@ -168,7 +186,13 @@ struct Holder {
     timing: ClaimTiming,
     /// The registry URI without its password.
     uri: String,
-    token: String,
+    /// This server's host name and port, the end of each of its tokens.
+    node: String,
+    /// The tokens the registry may hold for this server, and the next to write.
+    tokens: ClaimTokens,
+    /// The token file could not be written (reported once): a restart of the worker may not
+    /// recognise its claim.
+    token_file_failed: bool,
     /// The held worker id and its fence.
     held: Option<(u8, Fence)>,
     /// When the registry's incarnation began, as of its last answer to this server: a
@@ -228,10 +252,26 @@ impl Holder {
                 .into_iter()
                 .filter(|w| !self.avoided.iter().any(|(a, _)| a == w))
                 .collect();
+        // A new token for this request (a renewal retried after a failure writes the same
+        // one), kept on disk before it is sent, so that a restart of the worker knows it.
+        let Some(fresh) = random_hex() else {
+            self.report(
+                ClaimStatus::Unreachable,
+                "Could not read random bytes for a claim token.",
+                0,
+            );
+            return self.timing.heartbeat_ms();
+        };
+        let fresh = format!("{fresh}@{}", self.node);
+        let tokens = match self.held {
+            Some(_) => self.tokens.for_renewal(fresh),
+            None => self.tokens.for_claim(fresh),
+        };
+        self.keep_tokens();
         let request = ClaimRequest {
             datacenter_id: self.config.datacenter_id,
             order: &order,
-            token: &self.token,
+            tokens: &tokens,
             ttl_ms: self.timing.ttl_ms(),
             sent_unix_ms: started_unix_ms,
             cap_unix_ms: fence.cap_unix_ms,
@@ -248,6 +288,7 @@ impl Holder {
                 .flatten();
             return match client.renew(&request, worker_id, reassert) {
                 Ok((RenewReply::Renewed, observed)) => {
+                    self.tokens.confirmed();
                     if let Err(skew) = claim::check_skew(&observed.sample, self.timing) {
                         self.fence(ClaimStatus::Refused, &skew_text(skew));
                         return heartbeat;
@@ -259,6 +300,10 @@ impl Holder {
                 }
                 Ok((RenewReply::Lost { holder }, _)) => {
                     let why = match holder {
+                        Some(h) if h.ends_with(&format!("@{}", self.node)) => format!(
+                            "The registry holds worker id {worker_id} for another server with this server's host name and port ({}): a copy of this server made with its memory (a cloned or reverted VM, a restored process snapshot) renewed the claim first, or this server's claim lapsed and it was given to such a copy.",
+                            self.node
+                        ),
                         Some(h) => format!(
                             "The registry gave worker id {worker_id} to {h} after this server's claim lapsed."
                         ),
@@ -295,6 +340,7 @@ impl Holder {
                 },
                 observed,
             )) => {
+                self.tokens.confirmed();
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
                 self.watch_registry_clock(&observed);
                 if let Err(skew) = claim::check_skew(&observed.sample, self.timing) {
@@ -460,6 +506,21 @@ impl Holder {
         }
     }
 
+    /// Keeps the tokens in the token file (before the request that writes the next one). A
+    /// failure is reported once: it costs only a restarted worker its claim (it is given an
+    /// id again), never a duplicate.
+    fn keep_tokens(&mut self) {
+        match durable::write_claim_tokens(&data_dir(), &self.tokens) {
+            Ok(()) => self.token_file_failed = false,
+            Err(e) if !self.token_file_failed => {
+                self.token_file_failed = true;
+                errors::claim_setup(&format!("could not write {}: {e}", durable::TOKEN_FILE))
+                    .warn();
+            }
+            Err(_) => {}
+        }
+    }
+
     /// A renewal failed or was not acted on: keep issuing while the fence holds.
     fn failed_renewal(&mut self, old: Fence, why: &str) {
         match claim::after_failed_renewal(old, monotonic_ms()) {
@@ -621,7 +682,8 @@ impl Holder {
     /// failure is logged: the id then stays taken until its claim lapses.
     fn give_back(&self, client: &mut Runner, worker_id: u8, released: Option<i64>) {
         let datacenter_id = self.config.datacenter_id;
-        if let Err(e) = client.release(datacenter_id, worker_id, &self.token, released) {
+        let tokens = self.tokens.for_release();
+        if let Err(e) = client.release(datacenter_id, worker_id, &tokens, released) {
             errors::release_failed(
                 datacenter_id,
                 worker_id,

@@ -29,6 +29,7 @@ use pgrx::pg_sys;
 use super::registry::{
     self, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
 };
+use snowflake_core::claim::RequestTokens;
 
 /// How often the worker's thread looks at the SIGTERM flag and the postmaster while it
 /// waits for a reply: the bound on how late it answers them.
@@ -95,7 +96,7 @@ pub(crate) struct Runner {
 struct OwnedRequest {
     datacenter_id: u8,
     order: Vec<u8>,
-    token: String,
+    tokens: RequestTokens,
     ttl_ms: u64,
     sent_unix_ms: i64,
     cap_unix_ms: i64,
@@ -108,7 +109,7 @@ impl OwnedRequest {
         OwnedRequest {
             datacenter_id: r.datacenter_id,
             order: r.order.to_vec(),
-            token: r.token.to_string(),
+            tokens: r.tokens.clone(),
             ttl_ms: r.ttl_ms,
             sent_unix_ms: r.sent_unix_ms,
             cap_unix_ms: r.cap_unix_ms,
@@ -121,7 +122,7 @@ impl OwnedRequest {
         ClaimRequest {
             datacenter_id: self.datacenter_id,
             order: &self.order,
-            token: &self.token,
+            tokens: &self.tokens,
             ttl_ms: self.ttl_ms,
             sent_unix_ms: self.sent_unix_ms,
             cap_unix_ms: self.cap_unix_ms,
@@ -173,11 +174,11 @@ impl Runner {
         &mut self,
         datacenter_id: u8,
         worker_id: u8,
-        token: &str,
+        tokens: &RequestTokens,
         released_unix_ms: Option<i64>,
     ) -> registry::Result<()> {
-        let token = token.to_string();
-        self.run(move |client| client.release(datacenter_id, worker_id, &token, released_unix_ms))
+        let tokens = tokens.clone();
+        self.run(move |client| client.release(datacenter_id, worker_id, &tokens, released_unix_ms))
     }
 
     /// Runs `job` on the request thread and waits for its reply, at most the bound, and

@@ -161,8 +161,7 @@ def _faketime_lib():
 
 FAKETIME_LIB = _faketime_lib()
 
-CLOCK_SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clockshim",
-                                 "clockshim.c")
+SHIMS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CLOCK_OFFSET_BYTES = 32  # the shim's offset file: a number of ms padded to this size
 
 
@@ -174,19 +173,29 @@ def write_clock_offset(path, shift_ms):
         f.write(text)
 
 
-def clock_shim_lib():
-    """Builds tests/clockshim (once per run) and returns the path of the library. It shifts
-    CLOCK_REALTIME of every process of a server, background workers included, which
-    libfaketime does not reach under PostgreSQL 15."""
+def shim_lib(name):
+    """Builds tests/<name>/<name>.c (once per run) and returns the path of the library, for
+    LD_PRELOAD."""
     os.makedirs(BASE, exist_ok=True)
-    lib = os.path.join(BASE, "clockshim.so")
+    lib = os.path.join(BASE, f"{name}.so")
     if not os.path.exists(lib):
         tmp = f"{lib}.{os.getpid()}"
-        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", tmp, CLOCK_SHIM_SOURCE, "-ldl"],
-                       check=True)
+        source = os.path.join(SHIMS_DIR, name, f"{name}.c")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", tmp, source, "-ldl"], check=True)
         os.chmod(tmp, 0o755)
         os.replace(tmp, lib)
     return lib
+
+
+def clock_shim_lib():
+    """tests/clockshim: shifts CLOCK_REALTIME of every process of a server, background
+    workers included, which libfaketime does not reach under PostgreSQL 15."""
+    return shim_lib("clockshim")
+
+
+def twin_shim_lib():
+    """tests/twinshim: the postmaster's random bytes of another server (see its source)."""
+    return shim_lib("twinshim")
 
 _next_port = [55500]
 

@@ -30,8 +30,8 @@ import unittest
 
 import psycopg
 
-from harness import BASE, HANG_GUARD, PG_MAJOR, clock_shim_lib, report_figure, wait_live, \
-    wait_until, write_clock_offset
+from harness import BASE, HANG_GUARD, PG_MAJOR, Cluster, clock_shim_lib, report_figure, \
+    twin_shim_lib, wait_live, wait_until, write_clock_offset
 from registries import EtcdCluster, wait_started
 from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
     refusal, wait_claimed, wait_status
@@ -940,12 +940,99 @@ class FleetAssumptions(FleetFaultBase):
         self.assertRegex(line, r"WARNING:.*came back with a clock 3[45]\d\d ms behind")
         print(f"\n    {line}", flush=True)
 
+    def memory_copy_is_refused(self, registry, what):
+        """Issue 37: a running server copied with its memory (a VM cloned or reverted with its
+        memory, a restored process snapshot) has the same claim token and generator state as
+        the original. Node A (claim_ttl 4 s) holds worker w and writes; it is stopped
+        (SIGSTOP), its data directory copied, and copy B started from it, with A's
+        postmaster token and port (tests/twinshim: B is A to the registry), while A goes on.
+        With the same token both renewed w for ever and both wrote under it (0.7.0); with a
+        token drawn for every grant and renewal, the registry keeps w for the first copy to
+        write and refuses the other within two fence reaches (claim_ttl). Asserts: the two
+        stop sharing w within that bound (liveness, from the settings and the measured
+        scheduling delay) once B holds a claim, and no ID is issued twice. Whether the refused
+        copy's log names a copy (it does when B took w first) is reported."""
+        ttl = 4
+        twin = {"LD_PRELOAD": twin_shim_lib(), "SNOWFLAKE_TWIN_RANDOM": os.urandom(16).hex()}
+        a = self.new("twin", registry, ttl)
+        a.env = dict(twin)
+        self.up(a)
+        w = wait_claimed(a)
+        wr_a = self.writer(a)
+        wr_a.running(200)
+        b = Cluster(f"twincopy{free_port()}", dict(a.settings), port=a.port)
+        self.clusters.append(b)
+        pids = kill_server(a, signal.SIGSTOP)
+        try:
+            b._fresh_dir()
+            subprocess.run(["cp", "-a", a.data, b.data], check=True)
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        os.remove(os.path.join(b.data, "postmaster.pid"))
+        b.write_settings()  # its own socket directory; the same port, so the same token
+        b.env = dict(twin)
+        self.up(b)
+        wait_claimed(b)
+        started = time.monotonic()
+        wr_b = self.writer(b)
+
+        def holds(c):
+            row = c.sql("SELECT claim_status, worker_id FROM snowflake_stats()")[0]
+            return row == ("held", w)
+
+        shared = []  # the times both copies were seen holding w
+
+        def apart():
+            both = holds(a) and holds(b)
+            if both:
+                shared.append(time.monotonic() - started)
+            return not both
+
+        try:
+            took = wait_live(apart, ttl, since=started,
+                             what=f"copies A and B of one server no longer both hold worker {w}")
+        except AssertionError as e:
+            self.stop_writers(wr_a, wr_b)
+            raise AssertionError(f"{e}; {duplicates(wr_a.got, wr_b.got)} duplicate IDs so far "
+                                 f"(A {len(wr_a.got)}, B {len(wr_b.got)})") from None
+        # Both go on writing (the refused copy under another id, or after a new claim).
+        marks = len(wr_a.got), len(wr_b.got)
+        wait_until(lambda: len(wr_a.got) > marks[0] + 500 and len(wr_b.got) > marks[1] + 500,
+                   what="both copies writing after the refusal")
+        self.stop_writers(wr_a, wr_b)
+        dup = duplicates(wr_a.got, wr_b.got)
+        logs = a.log() + b.log()
+        refused = "a copy of this server made with its memory" in logs
+        report_figure(what, (
+            f"claim_ttl {ttl} s; both copies seen holding worker {w} "
+            f"{'until ' + format(max(shared), '.2f') + ' s' if shared else 'never'} after B's "
+            f"claim, apart after {took:.2f} s; A {len(wr_a.got)} IDs, B {len(wr_b.got)} IDs; "
+            f"{dup} duplicates; A's log {'names' if refused else 'does not name'} a copy"))
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs between the copies")
+
+    def test_13_a_memory_copy_is_refused_by_redis(self):
+        self.memory_copy_is_refused(self.started(RedisServer()), "memory copy, Redis")
+
+    def test_14_a_memory_copy_is_refused_by_the_coordinator(self):
+        self.memory_copy_is_refused(self.started(Coordinator()), "memory copy, coordinator")
+
+    def test_15_a_memory_copy_is_refused_by_etcd(self):
+        etcd = EtcdCluster(1)
+        self.addCleanup(etcd.close)
+        etcd.start()
+        self.memory_copy_is_refused(Uri(f"'{etcd.uri()}'"), "memory copy, etcd")
+
 
 def tearDownModule():
-    # The clock shim's library, built in this run's directory (harness.clock_shim_lib).
-    lib = os.path.join(BASE, "clockshim.so")
-    if os.path.exists(lib):
-        os.remove(lib)
+    # The shims' libraries, built in this run's directory (harness.shim_lib).
+    for name in ("clockshim.so", "twinshim.so"):
+        lib = os.path.join(BASE, name)
+        if os.path.exists(lib):
+            os.remove(lib)
     try:
         os.rmdir(BASE)
     except OSError:

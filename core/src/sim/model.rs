@@ -54,6 +54,12 @@ pub struct Fixes {
     /// its claims settle for it, so that after a loss of the records it is not given that
     /// holder's id after its own short settle.
     pub settle_for_refused_ttl: bool,
+    /// Issue 37: every grant and renewal writes a new token the holder draws just before
+    /// it, and the registry acts only for the stored token's holder
+    /// ([`claim::ClaimTokens`]): of two copies of a running server (copied with its memory),
+    /// the one that renews second is refused. Taken out, both copies renew one token for
+    /// ever.
+    pub rotate_tokens: bool,
 }
 
 impl Fixes {
@@ -71,6 +77,7 @@ impl Fixes {
         settle_clock_term: true,
         refuse_ttl_out_of_ratio: true,
         settle_for_refused_ttl: true,
+        rotate_tokens: true,
     };
 }
 
@@ -176,6 +183,13 @@ pub struct Outcome {
     pub issued_ms: i64,
     /// Claims granted.
     pub grants: u64,
+    /// Milliseconds that two copies of one server (a memory clone and its original) both
+    /// issued under one worker id within [`clone_overlap_bound_ms`] of the clone: unavoidable
+    /// (the copies have the same generator state) until one is refused, and allowed only in
+    /// that window.
+    pub clone_overlap_ms: i64,
+    /// The latest such overlap, in ms after its clone.
+    pub clone_overlap_after_ms: i64,
     /// The schedule's events (when traced).
     pub trace: Vec<String>,
 }
@@ -265,6 +279,10 @@ enum Reply {
     Released,
 }
 
+/// A request's tokens, as `claim::RequestTokens`: two the registry may hold for the copy,
+/// and the one the request writes.
+type Tokens = (u64, u64, u64);
+
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     id: u64,
@@ -280,7 +298,13 @@ struct Pending {
 #[derive(Debug, Clone)]
 struct Copy {
     server: usize,
+    /// The first copy of this server that this one descends from by memory clones.
+    root: usize,
+    /// The claim token the registry holds, as far as this copy knows.
     token: u64,
+    /// The token its next grant or renewal writes (`token` when none is drawn): kept in a
+    /// file, so a crash restart keeps it.
+    next_token: u64,
     timing: ClaimTiming,
     /// Wall clock minus true time.
     clock: i64,
@@ -358,6 +382,16 @@ struct PlannedFault {
 /// at their defaults).
 const USABLE_FLOOR_LEAD_MS: i64 = 11_000;
 
+/// How long after a memory clone the two copies may both issue under one worker id, with
+/// [`Fixes::rotate_tokens`]: two fence reaches (one `claim_ttl`). Each copy's last renewal
+/// that the registry accepts is sent within the fence it had at the clone (a renewal
+/// outside it claims again instead), and only the first round of renewals after the clone
+/// can be accepted for both (they may write the token drawn before the clone); from then on
+/// the stored token is one that only the first copy to renew knows.
+fn clone_overlap_bound_ms(timing: ClaimTiming) -> i64 {
+    2 * timing.fence_reach_ms() as i64
+}
+
 /// The registry's epoch (one for the whole fleet here).
 const START_UNIX_MS: i64 = 1_800_000_000_000;
 
@@ -369,10 +403,13 @@ struct Sim {
     events: BTreeMap<(i64, u64), Event>,
     copies: Vec<Copy>,
     registry: Registry,
-    /// Every request sent: (copy, request, sent wall clock, token, timing).
-    requests: BTreeMap<u64, (usize, Request, i64, u64, ClaimTiming)>,
+    /// Every request sent: (copy, request, sent wall clock, tokens, timing).
+    requests: BTreeMap<u64, (usize, Request, i64, Tokens, ClaimTiming)>,
     next_request: u64,
-    next_token: u64,
+    /// The last token drawn (at restarts, and for each grant or renewal).
+    tokens_drawn: u64,
+    /// Memory clones: (the copies' root, true time of the clone).
+    clones: Vec<(usize, i64)>,
     faults: Vec<PlannedFault>,
     issued: BTreeMap<u8, BTreeMap<i64, (i64, usize)>>,
     last_issued: Vec<i64>,
@@ -404,7 +441,9 @@ impl Sim {
             let clock = START_UNIX_MS + rng.spread(spread);
             copies.push(Copy {
                 server,
+                root: server,
                 token: server as u64 + 1,
+                next_token: server as u64 + 1,
                 timing,
                 clock,
                 mono: 1_000_000 + rng.range(0, 1_000_000),
@@ -485,7 +524,8 @@ impl Sim {
             },
             requests: BTreeMap::new(),
             next_request: 1,
-            next_token: 1_000,
+            tokens_drawn: 1_000,
+            clones: Vec::new(),
             faults,
             issued: BTreeMap::new(),
             last_issued: vec![i64::MIN; n],
@@ -497,6 +537,8 @@ impl Sim {
                 events: 0,
                 issued_ms: 0,
                 grants: 0,
+                clone_overlap_ms: 0,
+                clone_overlap_after_ms: 0,
                 trace: Vec::new(),
             },
         }
@@ -605,6 +647,15 @@ impl Sim {
         }
         if let Some((olo, ohi, oc)) = clash {
             let overlap = hi.min(ohi) - lo.max(olo) + 1;
+            if let Some(after) = self.clone_overlap(c, oc) {
+                self.outcome.clone_overlap_ms += overlap;
+                self.outcome.clone_overlap_after_ms = after;
+                self.note(|| {
+                    format!("worker {worker}: copies {c} and {oc} of one server both issued {overlap} ms, {after} ms after their clone")
+                });
+                self.last_issued[c] = hi;
+                return;
+            }
             let what = format!(
                 "worker {worker}: copy {c} (server {}) issued {lo}..={hi}, copy {oc} (server {}) had issued {olo}..={ohi}: {overlap} ms in both",
                 self.copies[c].server, self.copies[oc].server
@@ -622,6 +673,21 @@ impl Sim {
                 map.insert(lo, (hi, c));
             }
         }
+    }
+
+    /// Whether copies `a` and `b` are copies of one server by memory clones, one of them
+    /// made less than [`clone_overlap_bound_ms`] ago: how long ago, if so.
+    fn clone_overlap(&self, a: usize, b: usize) -> Option<i64> {
+        if !self.fixes.rotate_tokens || self.copies[a].root != self.copies[b].root {
+            return None;
+        }
+        let root = self.copies[a].root;
+        let bound = clone_overlap_bound_ms(self.copies[a].timing);
+        self.clones
+            .iter()
+            .filter(|(r, at)| *r == root && self.t - at <= bound)
+            .map(|(_, at)| self.t - at)
+            .min()
     }
 
     fn violate(&mut self, what: String) {
@@ -720,9 +786,24 @@ impl Sim {
             });
             self.at(deadline, Event::Deadline { copy: c, id });
         }
-        let token = self.copies[c].token;
+        // As `ClaimTokens`: a claim writes a token drawn for it; a renewal too, unless one a
+        // renewal drew may have been written (it is written again).
+        let held = (self.copies[c].token, self.copies[c].next_token);
+        if self.fixes.rotate_tokens {
+            let copy = &self.copies[c];
+            let draw = match request {
+                Request::Claim { .. } => true,
+                Request::Renew { .. } => copy.next_token == copy.token,
+                Request::Release { .. } => false,
+            };
+            if draw {
+                self.tokens_drawn += 1;
+                self.copies[c].next_token = self.tokens_drawn;
+            }
+        }
+        let tokens = (held.0, held.1, self.copies[c].next_token);
         self.requests
-            .insert(id, (c, request, sent_wall, token, timing));
+            .insert(id, (c, request, sent_wall, tokens, timing));
         self.note(|| {
             format!(
                 "copy {c} sends {request:?} (wall {sent_wall}, cap {})",
@@ -753,11 +834,11 @@ impl Sim {
         if self.registry.down_until > self.t {
             return;
         }
-        let Some(&(_, request, sent_wall, token, timing)) = self.requests.get(&id) else {
+        let Some(&(_, request, sent_wall, tokens, timing)) = self.requests.get(&id) else {
             return;
         };
         let now = self.t + self.registry.offset;
-        let (reply, born) = self.registry_step(c, request, token, timing, sent_wall, now);
+        let (reply, born) = self.registry_step(c, request, tokens, timing, sent_wall, now);
         self.note(|| format!("registry (clock {now}, born {born}) answers copy {c}: {reply:?}"));
         if let Reply::Granted { .. } = reply {
             self.outcome.grants += 1;
@@ -785,7 +866,7 @@ impl Sim {
         &mut self,
         c: usize,
         request: Request,
-        token: u64,
+        tokens: Tokens,
         timing: ClaimTiming,
         sent: i64,
         now: i64,
@@ -819,7 +900,7 @@ impl Sim {
             etcd,
             client,
             request,
-            token,
+            tokens,
             timing,
             sent,
             (now, self.t),
@@ -838,7 +919,7 @@ impl Sim {
         etcd: bool,
         mut client: EtcdClient,
         request: Request,
-        token: u64,
+        (held, held_next, token): Tokens,
         timing: ClaimTiming,
         sent: i64,
         (now, client_clock): (i64, i64),
@@ -855,8 +936,11 @@ impl Sim {
                 .filter(|claim| claim.expires > now)
                 .map(|claim| (claim.token, etcd && claim.revision < fleet_revision))
         };
+        // This copy's tokens: those the registry may hold for it, and the one this request
+        // writes (all one without `rotate_tokens`).
+        let mine = |t: u64| t == held || t == held_next || t == token;
         if let Request::Release { worker, released } = request {
-            if holder_of(data, worker).map(|h| h.0) == Some(token) {
+            if holder_of(data, worker).is_some_and(|h| mine(h.0)) {
                 data.claims.remove(&worker);
                 data.revision += 1;
                 if let Some(v) = released {
@@ -930,13 +1014,13 @@ impl Sim {
                     }
                 }
                 let order = claim::claim_order(preferred, worker_ids - 1);
-                let token_text = token.to_string();
-                let mut choice = claim::choose_worker(&order, &holder_refs, &token_text, settle);
+                let mine_text = |t: &str| t.parse().is_ok_and(mine);
+                let mut choice = claim::choose_worker(&order, &holder_refs, mine_text, settle);
                 if fixes.refuse_ttl_out_of_ratio && settle == 0 {
                     let others: Vec<u64> = data
                         .claims
                         .values()
-                        .filter(|claim| claim.expires > now && claim.token != token)
+                        .filter(|claim| claim.expires > now && !mine(claim.token))
                         .map(|claim| claim.ttl_ms as u64)
                         .collect();
                     if let Some((_, others_max_ms)) = claim::ttl_mismatch(timing, &others) {
@@ -944,7 +1028,7 @@ impl Sim {
                     }
                 }
                 if !fixes.no_own_claim_while_settling {
-                    if let Some(&(w, _)) = holder_refs.iter().find(|(_, t)| *t == token_text) {
+                    if let Some(&(w, _)) = holder_refs.iter().find(|(_, t)| mine_text(t)) {
                         choice = ClaimChoice::Own(w);
                     }
                 }
@@ -1005,7 +1089,7 @@ impl Sim {
             }
             Request::Renew { worker, reassert } => {
                 let holder = holder_of(data, worker);
-                if holder == Some((token, false)) {
+                if holder.is_some_and(|(t, from_before)| mine(t) && !from_before) {
                     hold(data, &mut client, worker);
                     return (Reply::Renewed, client);
                 }
@@ -1016,7 +1100,7 @@ impl Sim {
                 } else {
                     true
                 };
-                let own_from_before = holder == Some((token, true));
+                let own_from_before = holder.is_some_and(|(t, from_before)| mine(t) && from_before);
                 if (holder.is_none() || own_from_before) && may {
                     hold(data, &mut client, worker);
                     return (Reply::Renewed, client);
@@ -1075,6 +1159,7 @@ impl Sim {
         let fence = pending.fence;
         let next = match (pending.request, answer) {
             (Request::Renew { worker, .. }, Some((Reply::Renewed, now, born))) => {
+                self.tokens_confirmed(c);
                 if claim::check_skew(&sample(now), timing).is_err() {
                     self.fence_copy(c, "skew");
                 } else {
@@ -1100,6 +1185,7 @@ impl Sim {
                 retry
             }
             (Request::Claim { .. }, Some((Reply::Granted { worker, floor }, now, born))) => {
+                self.tokens_confirmed(c);
                 self.copies[c].known_born = Some(born);
                 if claim::check_skew(&sample(now), timing).is_err() {
                     // Before 0.5.0, an unused claim was given back with a value from the
@@ -1163,6 +1249,12 @@ impl Sim {
     fn next_step(&mut self, c: usize, after: i64) {
         let t = self.t + after.max(1);
         self.at(t, Event::Step(c));
+    }
+
+    /// A reply said the registry stores the token the request wrote.
+    fn tokens_confirmed(&mut self, c: usize) {
+        let copy = &mut self.copies[c];
+        copy.token = copy.next_token;
     }
 
     fn failed_renewal(&mut self, c: usize) {
@@ -1253,8 +1345,8 @@ impl Sim {
                     copy.recorded = None;
                 }
                 if f.kind == Fault::ServerRestart {
-                    self.next_token += 1;
-                    let token = self.next_token;
+                    self.tokens_drawn += 1;
+                    let token = self.tokens_drawn;
                     if let (Some((worker, _)), true) = (held, f.clean) {
                         let copy = &self.copies[c];
                         let released = claim::release_high_water(
@@ -1265,6 +1357,7 @@ impl Sim {
                         self.give_back(c, worker, Some(released));
                     }
                     self.copies[c].token = token;
+                    self.copies[c].next_token = token;
                 }
                 let at = self.copies[c].down_until + 1;
                 self.at(at, Event::Step(c));
@@ -1275,6 +1368,7 @@ impl Sim {
             Fault::MemoryClone => {
                 let mut clone = self.copies[c].clone();
                 clone.pending = None;
+                self.clones.push((clone.root, t));
                 self.copies.push(clone);
                 self.last_issued.push(self.last_issued[c]);
                 let n = self.copies.len() - 1;

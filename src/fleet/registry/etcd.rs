@@ -42,7 +42,7 @@ use super::{
     wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
     Result,
 };
-use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge};
+use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge, RequestTokens};
 use snowflake_core::kvclaims::{
     lease_seconds, parse_http_date, FleetRecord, Marks, HTTP_DATE_RESOLUTION_MS,
 };
@@ -673,7 +673,6 @@ impl EtcdRegistry {
             HoldClaim::Existing {
                 mod_revision,
                 lease,
-                rewrite,
             } => {
                 compares.push(Compare::mod_revision(
                     claim_key.clone(),
@@ -681,13 +680,13 @@ impl EtcdRegistry {
                     mod_revision,
                 ));
                 compares.push(Compare::lease(claim_key.clone(), CompareOp::Equal, lease));
-                if rewrite {
-                    ops.push(TxnOp::put(
-                        claim_key,
-                        request.token.as_bytes().to_vec(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ));
-                }
+                // Every grant and renewal writes the holder's new token (see
+                // `RequestTokens`), which also makes a re-asserted claim this incarnation's.
+                ops.push(TxnOp::put(
+                    claim_key,
+                    request.tokens.write.as_bytes().to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
             }
             HoldClaim::New { lease } => {
                 compares.push(Compare::create_revision(
@@ -697,7 +696,7 @@ impl EtcdRegistry {
                 ));
                 ops.push(TxnOp::put(
                     claim_key,
-                    request.token.as_bytes().to_vec(),
+                    request.tokens.write.as_bytes().to_vec(),
                     Some(PutOptions::new().with_lease(lease)),
                 ));
             }
@@ -736,9 +735,8 @@ impl EtcdRegistry {
         held
     }
 
-    /// Renews an existing claim of `w` (its lease, then its marks); false if the claim
-    /// changed or its lease is gone. `rewrite`: also write the claim key again, so that it
-    /// belongs to the current incarnation (a claim re-asserted after a loss).
+    /// Renews an existing claim of `w` (its lease, then its marks and its token); false if
+    /// the claim changed or its lease is gone.
     fn hold_existing(
         &mut self,
         request: &ClaimRequest<'_>,
@@ -746,7 +744,6 @@ impl EtcdRegistry {
         claim: (i64, i64),
         fleet_seen: i64,
         marks: (Marks, i64),
-        rewrite: bool,
     ) -> Result<bool> {
         let (lease, mod_revision) = claim;
         if !self.keep_alive(lease)? {
@@ -758,7 +755,6 @@ impl EtcdRegistry {
             HoldClaim::Existing {
                 mod_revision,
                 lease,
-                rewrite,
             },
             fleet_seen,
             marks,
@@ -779,14 +775,8 @@ fn settle_start(record: &FleetRecord) -> i64 {
 
 /// The claim key a hold writes.
 enum HoldClaim {
-    Existing {
-        mod_revision: i64,
-        lease: i64,
-        rewrite: bool,
-    },
-    New {
-        lease: i64,
-    },
+    Existing { mod_revision: i64, lease: i64 },
+    New { lease: i64 },
 }
 
 /// Reads and writes a byte stream (plain or TLS).
@@ -819,14 +809,15 @@ impl Registry for EtcdRegistry {
             let settle = request
                 .claim_timing()
                 .settle_wait_ms(settle_start(&record), earliest);
-            let choice = claim::choose_worker(request.order, &holders, request.token, settle);
+            let choice =
+                claim::choose_worker(request.order, &holders, |t| request.tokens.holds(t), settle);
             // Nothing beside a holder whose claim_ttl is out of range (a renewal records it
             // in the marks; see claim::ttl_mismatch).
             if !matches!(choice, ClaimChoice::Settling(_)) {
                 let others: Vec<u64> = snapshot
                     .claims
                     .iter()
-                    .filter(|(_, t, _, _)| t != request.token)
+                    .filter(|(_, t, _, _)| !request.tokens.holds(t))
                     .filter_map(|(w, _, _, _)| snapshot.marks(*w).0.holder_ttl_ms)
                     .collect();
                 if let Some((others_min_ms, others_max_ms)) =
@@ -846,19 +837,14 @@ impl Registry for EtcdRegistry {
                 .grant_quarantine_ms(HTTP_DATE_RESOLUTION_MS as u64);
             Ok(match choice {
                 ClaimChoice::Own(w) => {
-                    // Chosen because this token holds it, so the key is in the snapshot.
+                    // Chosen because this server's token holds it, so the key is in the
+                    // snapshot.
                     let Some(&(_, _, lease, mod_revision)) = snapshot.claim(w) else {
                         return Ok(None);
                     };
                     let marks = snapshot.marks(w);
-                    let held = this.hold_existing(
-                        request,
-                        w,
-                        (lease, mod_revision),
-                        fleet_seen,
-                        marks,
-                        false,
-                    )?;
+                    let held =
+                        this.hold_existing(request, w, (lease, mod_revision), fleet_seen, marks)?;
                     held.then_some(ClaimReply::Granted {
                         worker_id: w,
                         granted: Granted::Own,
@@ -900,7 +886,7 @@ impl Registry for EtcdRegistry {
             let held = match snapshot.claim(worker_id) {
                 // Written in this incarnation: a plain renewal.
                 Some((_, token, lease, mod_revision))
-                    if token == request.token && *mod_revision > fleet_seen =>
+                    if request.tokens.holds(token) && *mod_revision > fleet_seen =>
                 {
                     this.hold_existing(
                         request,
@@ -908,13 +894,12 @@ impl Registry for EtcdRegistry {
                         (*lease, *mod_revision),
                         fleet_seen,
                         marks,
-                        false,
                     )?
                 }
                 // From before the registry's loss (a restore may have brought it back after
                 // it lapsed and went to another server): kept only as a re-assertion, by a
                 // holder whose fence still holds, while the registry settles.
-                Some((_, token, lease, mod_revision)) if token == request.token => {
+                Some((_, token, lease, mod_revision)) if request.tokens.holds(token) => {
                     if !reassert {
                         return Ok(Some(RenewReply::Lost { holder: None }));
                     }
@@ -924,7 +909,6 @@ impl Registry for EtcdRegistry {
                         (*lease, *mod_revision),
                         fleet_seen,
                         marks,
-                        true,
                     )?
                 }
                 None if reassert => this.hold_new(request, worker_id, fleet_seen, marks, None)?,
@@ -943,7 +927,7 @@ impl Registry for EtcdRegistry {
         &mut self,
         datacenter_id: u8,
         worker_id: u8,
-        token: &str,
+        tokens: &RequestTokens,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
         for _ in 0..ATTEMPTS {
@@ -951,7 +935,7 @@ impl Registry for EtcdRegistry {
             let Some((_, holder, lease, mod_revision)) = snapshot.claim(worker_id).cloned() else {
                 return Ok(());
             };
-            if holder != token {
+            if !tokens.holds(&holder) {
                 return Ok(());
             }
             let (marks, marks_seen) = snapshot.marks(worker_id);

@@ -16,7 +16,10 @@
 //!   restart, crash restart, restore or promotion of the coordinator (its postmaster's start
 //!   time and a token in an unlogged table, which crash recovery, a base backup and a
 //!   standby all start empty). A new incarnation settles: no free id for one `ttl`;
-//! - per (datacenter, worker): the holder's token, expiring `ttl` after its last renewal;
+//! - per (datacenter, worker): the holder's token, expiring `ttl` after its last renewal.
+//!   Every grant and renewal writes a new token the holder drew, and is acted on only if the
+//!   stored token is one the request names as its own ([`RequestTokens`]): of two copies of
+//!   a running server, the second to renew is refused;
 //! - per (datacenter, worker): the high-water mark, the highest cap ever granted (Unix ms),
 //!   which only rises; the floor handed to the current holder; and what the last holder
 //!   recorded at a clean release (the next holder's floor instead of the mark).
@@ -36,7 +39,7 @@ use etcd::EtcdRegistry;
 use postgres::PgRegistry;
 use redis::RedisRegistry;
 
-use snowflake_core::claim::{ClaimTiming, ClockSample, Granted, RequestAge};
+use snowflake_core::claim::{ClaimTiming, ClockSample, Granted, RequestAge, RequestTokens};
 use snowflake_core::secrets::{redacted, without_secrets};
 
 /// A failed request, as text for the log and for callers' DETAIL.
@@ -71,8 +74,9 @@ pub struct ClaimRequest<'a> {
     pub datacenter_id: u8,
     /// The ids to try, in order (see [`claim::claim_order`]).
     pub order: &'a [u8],
-    /// This server's token (new at every postmaster start).
-    pub token: &'a str,
+    /// The tokens the registry may hold for this server, and the one this request writes
+    /// (see [`snowflake_core::claim::ClaimTokens`]).
+    pub tokens: &'a RequestTokens,
     /// `snowflake.claim_ttl` in ms.
     pub ttl_ms: u64,
     /// This server's clock when it sent the request (Unix ms).
@@ -183,14 +187,14 @@ pub trait Registry: Send {
         worker_id: u8,
         reassert_known_born: Option<i64>,
     ) -> Result<(RenewReply, Observed)>;
-    /// Releases `worker_id` if this token holds it. `released_unix_ms`: the highest
+    /// Releases `worker_id` if one of `tokens` holds it. `released_unix_ms`: the highest
     /// timestamp this holder could have issued, the next holder's floor (None: leave the
     /// id's mark as it is, for a claim given back unused).
     fn release(
         &mut self,
         datacenter_id: u8,
         worker_id: u8,
-        token: &str,
+        tokens: &RequestTokens,
         released_unix_ms: Option<i64>,
     ) -> Result<()>;
     /// The password this client sends (from the URI or a password file), which no error
@@ -391,11 +395,11 @@ impl Registry for WithoutSecrets {
         &mut self,
         datacenter_id: u8,
         worker_id: u8,
-        token: &str,
+        tokens: &RequestTokens,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
         self.inner
-            .release(datacenter_id, worker_id, token, released_unix_ms)
+            .release(datacenter_id, worker_id, tokens, released_unix_ms)
             .map_err(|e| e.without_secrets_of(&self.uri, &self.secrets))
     }
 

@@ -24,7 +24,7 @@ use super::{
     wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
     Result,
 };
-use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge};
+use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge, RequestTokens};
 use snowflake_core::registry_uri::{pgpass_lookup, split_libpq_extras, LibpqExtras};
 
 /// The coordinator's tables, created on first use in the URI's schema (`snowflake_schema`,
@@ -170,7 +170,7 @@ UPDATE {s}.snowflake_claims SET holder = NULL, expires_unix_ms = NULL, ttl_ms = 
                           ELSE greatest($4::bigint, floor_unix_ms) END, \
   high_water_unix_ms = greatest(high_water_unix_ms, $4::bigint, floor_unix_ms) \
 WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer \
-  AND holder OPERATOR(pg_catalog.=) $3::pg_catalog.text";
+  AND holder OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[])";
 
 /// `name` quoted as an SQL identifier.
 fn quote_ident(name: &str) -> String {
@@ -831,7 +831,7 @@ fn pg_hold(
         &[
             &dc,
             &w,
-            &request.token,
+            &request.tokens.write,
             &(now + request.ttl_ms as i64),
             &request.cap_unix_ms,
             &set_floor,
@@ -913,7 +913,7 @@ impl Registry for PgRegistry {
                 if settle == 0 {
                     let others: Vec<u64> = live
                         .iter()
-                        .filter(|(_, t, _, _)| t != request.token)
+                        .filter(|(_, t, _, _)| !request.tokens.holds(t))
                         .filter_map(|(_, _, _, ttl)| *ttl)
                         .map(|t| t.max(0) as u64)
                         .collect();
@@ -927,7 +927,12 @@ impl Registry for PgRegistry {
                     }
                 }
                 Ok(
-                    match claim::choose_worker(request.order, &holders, request.token, settle) {
+                    match claim::choose_worker(
+                        request.order,
+                        &holders,
+                        |t| request.tokens.holds(t),
+                        settle,
+                    ) {
                         ClaimChoice::Own(w) => {
                             pg_hold(tx, sql, request, w, now, None)?;
                             ClaimReply::Granted {
@@ -986,7 +991,7 @@ impl Registry for PgRegistry {
                 let reassert = reassert_known_born
                     .is_some_and(|known| request.timing().may_reassert(known, born, now));
                 Ok(match holder {
-                    Some(h) if h == request.token => {
+                    Some(h) if request.tokens.holds(&h) => {
                         pg_hold(tx, sql, request, worker_id, now, None)?;
                         RenewReply::Renewed
                     }
@@ -1004,16 +1009,20 @@ impl Registry for PgRegistry {
         &mut self,
         datacenter_id: u8,
         worker_id: u8,
-        token: &str,
+        tokens: &RequestTokens,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
+        let held: Vec<&str> = [&tokens.write, &tokens.held[0], &tokens.held[1]]
+            .into_iter()
+            .map(String::as_str)
+            .collect();
         self.transaction(|tx, sql| {
             tx.execute(
                 &sql.release,
                 &[
                     &i32::from(datacenter_id),
                     &i32::from(worker_id),
-                    &token,
+                    &held,
                     &released_unix_ms,
                 ],
             )?;

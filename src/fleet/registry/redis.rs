@@ -8,7 +8,7 @@ use super::{
     wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
     Result,
 };
-use snowflake_core::claim::{ClockSample, Granted, RequestAge};
+use snowflake_core::claim::{ClockSample, Granted, RequestAge, RequestTokens};
 use snowflake_core::registry_uri::parse_multi_host;
 
 /// Checks the registry record (incarnation, epoch) and the request's age, and leaves `now`
@@ -16,9 +16,11 @@ use snowflake_core::registry_uri::parse_multi_host;
 /// or a replica took over: its data may be older than what holders were told, so it begins
 /// again ("born" now) and settles. Every reply starts with a word, `now` and `born`.
 ///
-/// ARGV: 1 incarnation, 2 epoch, 3 dc, 4 token, 5 ttl, 6 cap, 7 sent, 8 largest lead of
-/// `sent` over `now`, 9 largest age, 10 how long a new incarnation settles (all from the
-/// core's `ClaimTiming`, so that the numbers live in one place); then the script's own.
+/// ARGV: 1 incarnation, 2 epoch, 3 dc, 4 the token to write, 5 ttl, 6 cap, 7 sent, 8
+/// largest lead of `sent` over `now`, 9 largest age, 10 how long a new incarnation settles
+/// (all from the core's `ClaimTiming`, so that the numbers live in one place), 11 and 12
+/// the tokens the registry may hold for this server (`RequestTokens`); then the script's
+/// own, from 13.
 const REDIS_PRELUDE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -35,6 +37,7 @@ if sent - now > tonumber(ARGV[8]) then return {'ahead', now, born} end
 if now - sent > tonumber(ARGV[9]) then return {'stale', now, born} end
 local dc = ARGV[3]
 local function key(kind, w) return 'snowflake:' .. kind .. ':' .. dc .. ':' .. w end
+local function mine(v) return v == ARGV[4] or v == ARGV[11] or v == ARGV[12] end
 local function hold(w, token, ttl, cap)
   redis.call('SET', key('claim', w), token, 'PX', ttl)
   redis.call('SET', key('ttl', w), ttl, 'PX', ttl)
@@ -44,38 +47,39 @@ local function hold(w, token, ttl, cap)
 end
 "#;
 
-/// ARGV: the prelude's, then 11 how long a new incarnation settles for this claim (the
-/// request's `claim_timing`, at least the prelude's), 12 and 13 the `claim_ttl` range other
-/// holders may have (`ClaimTiming::fleet_ttl_range_ms`), then the ids in order (from 14).
+/// ARGV: the prelude's, then 13 how long a new incarnation settles for this claim (the
+/// request's `claim_timing`, at least the prelude's), 14 and 15 the `claim_ttl` range other
+/// holders may have (`ClaimTiming::fleet_ttl_range_ms`), then the ids in order (from 16).
 const REDIS_CLAIM: &str = r#"
 local token = ARGV[4]
 local ttl = tonumber(ARGV[5])
 local cap = tonumber(ARGV[6])
 -- Nothing while settling, not even an own claim: it may come from a restored dump, released
 -- or lapsed before another server took the id (see claim::choose_worker).
-local wait = born + tonumber(ARGV[11]) - now
+local wait = born + tonumber(ARGV[13]) - now
 if wait > 0 then return {'settling', now, born, wait} end
 -- Nothing beside a holder whose claim_ttl is out of range (see claim::ttl_mismatch).
-local low, high, lo, hi, off = tonumber(ARGV[12]), tonumber(ARGV[13]), nil, nil, false
-for i = 14, #ARGV do
+local low, high, lo, hi, off = tonumber(ARGV[14]), tonumber(ARGV[15]), nil, nil, false
+for i = 16, #ARGV do
   local w = ARGV[i]
   local holder = redis.call('GET', key('claim', w))
   local t = tonumber(redis.call('GET', key('ttl', w)))
-  if holder and holder ~= token and t then
+  if holder and (not mine(holder)) and t then
     if (not lo) or t < lo then lo = t end
     if (not hi) or t > hi then hi = t end
     if t < low or t > high then off = true end
   end
 end
 if off then return {'ttl', now, born, lo, hi} end
-for i = 14, #ARGV do
+for i = 16, #ARGV do
   local w = ARGV[i]
-  if redis.call('GET', key('claim', w)) == token then
+  local holder = redis.call('GET', key('claim', w))
+  if holder and mine(holder) then
     hold(w, token, ttl, cap)
     return {'own', now, born, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
   end
 end
-for i = 14, #ARGV do
+for i = 16, #ARGV do
   local w = ARGV[i]
   if redis.call('EXISTS', key('claim', w)) == 0 then
     local mark = tonumber(redis.call('GET', key('released', w)) or redis.call('GET', key('high_water', w)))
@@ -88,20 +92,20 @@ for i = 14, #ARGV do
     return {'free', now, born, tonumber(w)}
   end
 end
-return {'exhausted', now, born, #ARGV - 13}
+return {'exhausted', now, born, #ARGV - 15}
 "#;
 
-/// ARGV: the prelude's, then 11 worker, 12 the incarnation's birth the holder knows ('' to
+/// ARGV: the prelude's, then 13 worker, 14 the incarnation's birth the holder knows ('' to
 /// never re-assert).
 const REDIS_RENEW: &str = r#"
 local token = ARGV[4]
-local w = ARGV[11]
+local w = ARGV[13]
 local v = redis.call('GET', key('claim', w))
-if v == token then
+if v and mine(v) then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
   return {'renewed', now, born}
 end
-local known = tonumber(ARGV[12])
+local known = tonumber(ARGV[14])
 if (not v) and known and known ~= born and born + tonumber(ARGV[10]) > now then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
   return {'renewed', now, born}
@@ -110,13 +114,14 @@ if v then return {'lost', now, born, v} end
 return {'lost', now, born}
 "#;
 
-/// KEYS: claim, high water, released, floor, the holder's claim_ttl. ARGV: token, released
-/// ('' for none). The mark only rises; the released value (never below the holder's floor)
-/// is the next floor.
+/// KEYS: claim, high water, released, floor, the holder's claim_ttl. ARGV: released ('' for
+/// none), then the holder's tokens (`RequestTokens`). The mark only rises; the released
+/// value (never below the holder's floor) is the next floor.
 const REDIS_RELEASE: &str = r#"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local v = redis.call('GET', KEYS[1])
+if not (v and (v == ARGV[2] or v == ARGV[3] or v == ARGV[4])) then return 0 end
 redis.call('DEL', KEYS[1], KEYS[5])
-local v = tonumber(ARGV[2])
+v = tonumber(ARGV[1])
 if v then
   local floor = tonumber(redis.call('GET', KEYS[4]))
   if floor and floor > v then v = floor end
@@ -381,13 +386,15 @@ impl RedisRegistry {
             .arg(incarnation)
             .arg(request.epoch_unix_ms)
             .arg(request.datacenter_id)
-            .arg(request.token)
+            .arg(&request.tokens.write)
             .arg(request.ttl_ms)
             .arg(request.cap_unix_ms)
             .arg(request.sent_unix_ms)
             .arg(timing.max_request_lead_ms())
             .arg(timing.max_request_age_ms())
-            .arg(timing.settle_ms());
+            .arg(timing.settle_ms())
+            .arg(&request.tokens.held[0])
+            .arg(&request.tokens.held[1]);
         for arg in extra {
             invocation.arg(arg);
         }
@@ -678,7 +685,7 @@ impl Registry for RedisRegistry {
         &mut self,
         datacenter_id: u8,
         worker_id: u8,
-        token: &str,
+        tokens: &RequestTokens,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
         let script = self.release.clone();
@@ -690,8 +697,10 @@ impl Registry for RedisRegistry {
                 .key(key("released"))
                 .key(key("floor"))
                 .key(key("ttl"))
-                .arg(token)
                 .arg(released_unix_ms.map(|v| v.to_string()).unwrap_or_default())
+                .arg(&tokens.write)
+                .arg(&tokens.held[0])
+                .arg(&tokens.held[1])
                 .invoke(con)?;
             Ok(())
         })
