@@ -571,6 +571,32 @@ impl ClaimTokens {
     }
 }
 
+/// The registry a server last claimed from (issue 37: one registry per fleet): its address
+/// as configured (without password) and the random id it recorded when its records were
+/// first written. Two registries serving one fleet (a move by rolling restart, another
+/// Redis database, etcd prefix or coordinator schema) each grant every id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrySeen {
+    /// `snowflake.registry`, without its password.
+    pub uri: String,
+    /// The registry's id.
+    pub id: u64,
+}
+
+/// Whether a registry that answered at `uri` with id `id` is another registry than the one
+/// this server last claimed from (`last`): both the address and the id differ. The same
+/// registry at a new address keeps its id; the same address whose registry lost its records
+/// (a new id) is a loss, which the registry's settle covers. Another address *and* another
+/// id is a second registry, or a move to one: its grants would not see the first one's
+/// holders. Unknown (no record yet, or a registry of an earlier version without an id): not
+/// another.
+pub fn another_registry(last: Option<&RegistrySeen>, uri: &str, id: Option<u64>) -> bool {
+    match (last, id) {
+        (Some(last), Some(id)) => last.uri != uri && last.id != id,
+        _ => false,
+    }
+}
+
 /// Which worker id a claim gets, decided from the registry's view of one datacenter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimChoice {
@@ -856,6 +882,22 @@ mod tests {
         assert_eq!(claim.write, "c3");
         assert!(claim.holds("c2") && claim.holds("t1"));
         assert_eq!(copy.next, "c3");
+    }
+
+    #[test]
+    fn another_registry_needs_a_new_address_and_a_new_id() {
+        let last = RegistrySeen {
+            uri: "redis://a:6379/0".into(),
+            id: 1,
+        };
+        // The same registry at another address; the same address after a loss.
+        assert!(!another_registry(Some(&last), "redis://b:6379/0", Some(1)));
+        assert!(!another_registry(Some(&last), "redis://a:6379/0", Some(2)));
+        // Another database of the same server, another etcd prefix: another registry.
+        assert!(another_registry(Some(&last), "redis://a:6379/1", Some(2)));
+        // Nothing recorded, or a registry without an id: cannot tell.
+        assert!(!another_registry(None, "redis://a:6379/1", Some(2)));
+        assert!(!another_registry(Some(&last), "redis://a:6379/1", None));
     }
 
     proptest! {

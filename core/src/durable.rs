@@ -667,7 +667,7 @@ pub fn write_origins(data_dir: &Path, origins: &Origins) -> io::Result<()> {
 pub const CLAIM_FILE: &str = "snowflake.claim";
 
 /// The last claim, as kept in [`CLAIM_FILE`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastClaim {
     /// Datacenter id of the claim.
     pub datacenter_id: u8,
@@ -676,6 +676,11 @@ pub struct LastClaim {
     /// Where IDs under this claim start (Unix ms); absent in files of 0.4.0 and earlier.
     #[serde(default)]
     pub floor_unix_ms: Option<i64>,
+    /// The registry the claim came from (absent in files of 0.7.0 and earlier): a server
+    /// never claims from another registry of its fleet without a deliberate move
+    /// ([`crate::claim::another_registry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<crate::claim::RegistrySeen>,
 }
 
 impl LastClaim {
@@ -793,6 +798,10 @@ mod tests {
             datacenter_id: 1,
             worker_id: 3,
             floor_unix_ms: Some(1_700_000_000_000),
+            registry: Some(crate::claim::RegistrySeen {
+                uri: "redis://r:6379".into(),
+                id: 7,
+            }),
         };
         write_last_claim(&dir, &claim).unwrap();
         let read = read_last_claim(&dir).unwrap().unwrap();

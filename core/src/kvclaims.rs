@@ -21,6 +21,10 @@ pub struct FleetRecord {
     /// When the registry's current incarnation began (Unix ms, the late end of the second it
     /// was read in, so that settling never ends early).
     pub born_unix_ms: i64,
+    /// The registry's random id, made with the first record and kept by every later one
+    /// (absent in records of 0.7.0 and earlier): see [`crate::claim::RegistrySeen`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_id: Option<u64>,
 }
 
 /// What the registry keeps per (datacenter, worker) besides the claim itself (the claim is a

@@ -27,7 +27,8 @@ use crate::server::{data_dir, monotonic_ms, now_unix_ms};
 use registry::{ClaimReply, ClaimRequest, Observed, RenewReply};
 use runner::Runner;
 use snowflake_core::claim::{
-    self, AfterFailure, ClaimStatus, ClaimTiming, ClaimTokens, Fence, Granted, RequestAge,
+    self, AfterFailure, ClaimStatus, ClaimTiming, ClaimTokens, Fence, Granted, RegistrySeen,
+    RequestAge,
 };
 use snowflake_core::durable::{self, LastClaim};
 use snowflake_core::layout::{UnixMs, MAX_WORKER_ID};
@@ -95,6 +96,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         known_born_unix_ms: None,
         floor_unix_ms: i64::MIN,
         preferred: recorded
+            .as_ref()
             .filter(|c| c.datacenter_id == config.datacenter_id)
             .map(|c| c.worker_id),
         recorded,
@@ -349,8 +351,22 @@ impl Holder {
                     self.report(ClaimStatus::Refused, &skew_text(skew), 0);
                     return heartbeat;
                 }
+                let last_registry = self.recorded.as_ref().and_then(|r| r.registry.clone());
+                if claim::another_registry(last_registry.as_ref(), &self.uri, observed.registry_id)
+                {
+                    // Not used: give it back, leaving its mark as it was.
+                    self.give_back(client, worker_id, None);
+                    let last = last_registry.map(|r| r.uri).unwrap_or_default();
+                    let why = format!(
+                        "This server last claimed worker ids from registry {last}; {} is another registry (another address and another id). Two registries serving one fleet each grant every worker id, so this server claims nothing from it until the whole fleet moves: see \"Moving a fleet to another registry\" in docs/fleets.md.",
+                        self.uri
+                    );
+                    self.report(ClaimStatus::Refused, &why, 0);
+                    return heartbeat;
+                }
                 let recorded = self
                     .recorded
+                    .as_ref()
                     .and_then(|r| r.floor_for(self.config.datacenter_id, worker_id));
                 let floor = claim::claim_floor_unix_ms(
                     floor_unix_ms,
@@ -388,6 +404,13 @@ impl Holder {
                     datacenter_id: self.config.datacenter_id,
                     worker_id,
                     floor_unix_ms: Some(floor),
+                    registry: observed
+                        .registry_id
+                        .map(|id| RegistrySeen {
+                            uri: self.uri.clone(),
+                            id,
+                        })
+                        .or(last_registry),
                 };
                 if let Err(e) = durable::write_last_claim(&data_dir(), &last) {
                     self.give_back(client, worker_id, None);

@@ -30,8 +30,8 @@ import unittest
 
 import psycopg
 
-from harness import BASE, HANG_GUARD, PG_MAJOR, Cluster, clock_shim_lib, report_figure, \
-    twin_shim_lib, wait_live, wait_until, write_clock_offset
+from harness import BASE, HANG_GUARD, PG_MAJOR, Cluster, clock_shim_lib, error_of, \
+    report_figure, twin_shim_lib, wait_live, wait_until, write_clock_offset
 from registries import EtcdCluster, wait_started
 from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
     refusal, wait_claimed, wait_status
@@ -1026,6 +1026,59 @@ class FleetAssumptions(FleetFaultBase):
         self.addCleanup(etcd.close)
         etcd.start()
         self.memory_copy_is_refused(Uri(f"'{etcd.uri()}'"), "memory copy, etcd")
+
+    def test_16_a_server_moved_to_another_registry_is_refused(self):
+        """Issue 37: one registry per fleet. Two registries serving one fleet (another Redis
+        database, etcd prefix or coordinator schema; a move by rolling restart) each grant
+        every id. A server records the registry it claimed from (its address and the id the
+        registry made with its first record) and claims nothing from a registry whose address
+        and id both differ: refused with the cause, until the deliberate move of
+        docs/fleets.md (here: the claim file removed while the server is stopped). The same
+        registry at another address, and the same address after the registry lost its data,
+        are not refused. (0.7.0 claimed from the second registry at once.)"""
+        redis = self.started(RedisServer())
+
+        def at(address, db):
+            return {"snowflake__registry": f"'redis://{address}:{redis.port}/{db}'"}
+
+        a = self.new("mover", Uri(f"'redis://127.0.0.1:{redis.port}/0'"), 4)
+        self.up(a)
+        first = wait_claimed(a)
+        a.stop()
+
+        def restart_with(**settings):
+            a.configure(**settings)
+            a.start()
+            wait_until(lambda: status(a) in ("held", "refused"),
+                       what=f"{a.name}: a claim or a refusal")
+            return status(a)
+
+        # The same registry at another address: its id is the same.
+        self.assertEqual(restart_with(**at("localhost", 0)), "held")
+        a.stop()
+        # Another database of the same server: another registry.
+        self.assertEqual(restart_with(**at("127.0.0.1", 1)), "refused",
+                         "claimed from a second registry of the fleet")
+        with a.connect() as conn:
+            e = error_of(conn, "SELECT snowflake_next()")
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn(f"last claimed worker ids from registry redis://localhost:{redis.port}/0",
+                      e.diag.message_detail)
+        self.assertIn("is another registry", e.diag.message_detail)
+        a.stop()
+        # The deliberate move: the claim file removed while the server is stopped.
+        os.remove(os.path.join(a.data, "snowflake.claim"))
+        self.assertEqual(restart_with(), "held")
+        a.stop()
+        # The same address after the registry lost its data (a new id): a loss, which the
+        # registry settles for, not another registry.
+        redis.stop()
+        redis.start()  # empty
+        self.assertEqual(restart_with(), "held")
+        report_figure("another registry", (
+            f"worker {first} from redis db 0; the same registry at another address claimed; "
+            f"db 1 refused (55000: {e.diag.message_detail[:80]}...); claimed after the claim "
+            f"file was removed; claimed again after db 1's server restarted empty"))
 
 
 def tearDownModule():

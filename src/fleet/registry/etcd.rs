@@ -39,8 +39,8 @@ use etcd_client::{
 };
 
 use super::{
-    wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
-    Result,
+    new_registry_id, wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError,
+    RenewReply, Result,
 };
 use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge, RequestTokens};
 use snowflake_core::kvclaims::{
@@ -485,11 +485,19 @@ impl EtcdRegistry {
     }
 
     /// Writes the fleet record anew (this incarnation begins at `born`), if it is still
-    /// as read (`seen`: its mod revision, 0 for absent).
-    fn begin_incarnation(&mut self, epoch_unix_ms: i64, born: i64, seen: i64) -> Result<()> {
+    /// as read (`seen`: its mod revision, 0 for absent), with the registry's id (`registry_id`:
+    /// the old record's, or a new one).
+    fn begin_incarnation(
+        &mut self,
+        epoch_unix_ms: i64,
+        born: i64,
+        seen: i64,
+        registry_id: u64,
+    ) -> Result<()> {
         let record = FleetRecord {
             epoch_unix_ms,
             born_unix_ms: born,
+            registry_id: Some(registry_id),
         };
         let key = self.fleet_key();
         let value = serde_json::to_vec(&record)?;
@@ -513,14 +521,18 @@ impl EtcdRegistry {
                 || self.own_write_lost(request.datacenter_id, &snapshot);
             match snapshot.fleet {
                 None => {
-                    self.begin_incarnation(request.epoch_unix_ms, clock.latest(), 0)?;
+                    let id = new_registry_id(request.tokens);
+                    self.begin_incarnation(request.epoch_unix_ms, clock.latest(), 0, id)?;
                     self.last_write = None;
                     continue;
                 }
                 Some((record, seen))
                     if went_back && record.epoch_unix_ms == request.epoch_unix_ms =>
                 {
-                    self.begin_incarnation(request.epoch_unix_ms, clock.latest(), seen)?;
+                    let id = record
+                        .registry_id
+                        .unwrap_or_else(|| new_registry_id(request.tokens));
+                    self.begin_incarnation(request.epoch_unix_ms, clock.latest(), seen, id)?;
                     self.last_write = None;
                     continue;
                 }
@@ -529,6 +541,7 @@ impl EtcdRegistry {
                     let observed = Observed {
                         sample: clock.sample,
                         born_unix_ms: record.born_unix_ms,
+                        registry_id: record.registry_id,
                     };
                     if record.epoch_unix_ms != request.epoch_unix_ms {
                         return Ok((Begun::Epoch(record.epoch_unix_ms), observed));

@@ -10,6 +10,9 @@
 //! timeouts and tonic's 4 MiB message limit.
 //!
 //! All keep the same records (see docs/fleets.md):
+//! - the registry's id, random, made with its first record and kept by every later one (a
+//!   coordinator's is its system identifier, database and table): a server never claims from
+//!   another registry of its fleet without a deliberate move (`claim::another_registry`);
 //! - the registry's incarnation and when it began ("born"), and the fleet's epoch. The
 //!   incarnation changes whenever the registry may have lost writes it acknowledged: any
 //!   restart of Redis (its `run_id`) or a promotion of a replica (its `master_replid`); any
@@ -172,6 +175,20 @@ pub struct Observed {
     pub sample: ClockSample,
     /// When the registry's current incarnation began (its clock, Unix ms).
     pub born_unix_ms: i64,
+    /// The registry's id ([`snowflake_core::claim::RegistrySeen`]; None: a registry of an
+    /// earlier version, or a coordinator that does not let its role read its system
+    /// identifier).
+    pub registry_id: Option<u64>,
+}
+
+/// A new registry's id: the first 16 hex digits of the random token the request writes.
+pub(crate) fn new_registry_id(tokens: &RequestTokens) -> u64 {
+    parse_registry_id(&tokens.write).unwrap_or(0)
+}
+
+/// A registry id from its first 16 hex digits (None: not hex).
+pub(crate) fn parse_registry_id(text: &str) -> Option<u64> {
+    u64::from_str_radix(text.get(..16)?, 16).ok()
 }
 
 /// One registry. Every call is one request (or one transaction) bounded by the timeout.

@@ -21,8 +21,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::{
-    wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
-    Result,
+    parse_registry_id, wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry,
+    RegistryError, RenewReply, Result,
 };
 use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge, RequestTokens};
 use snowflake_core::registry_uri::{pgpass_lookup, split_libpq_extras, LibpqExtras};
@@ -132,9 +132,17 @@ const PG_REGISTRY_INSERT: &str = "\
 INSERT INTO {s}.snowflake_registry (incarnation, born_unix_ms, epoch_unix_ms) \
 VALUES ($1::pg_catalog.text, $2::bigint, $3::bigint) ON CONFLICT (singleton) DO NOTHING";
 
+/// With the registry's id: an md5 of the coordinator's system identifier, its database and
+/// the registry table's oid, which a restore, a base backup and a promotion keep and another
+/// cluster, database or schema does not (NULL for a role that may not read the system
+/// identifier: the id is then unknown).
 const PG_REGISTRY_LOCK: &str = "\
 SELECT incarnation, born_unix_ms, epoch_unix_ms, \
-       (extract(epoch FROM pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::bigint \
+       (extract(epoch FROM pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000)::bigint, \
+       CASE WHEN pg_catalog.has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') \
+            THEN pg_catalog.md5((SELECT system_identifier FROM pg_catalog.pg_control_system())::pg_catalog.text \
+                 OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) pg_catalog.current_database()::pg_catalog.text \
+                 OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) tableoid::pg_catalog.text) END \
   FROM {s}.snowflake_registry FOR UPDATE";
 
 const PG_REGISTRY_REBORN: &str = "\
@@ -788,7 +796,7 @@ fn pg_registry_row(
     tx: &mut Tx<'_>,
     sql: &Statements,
     epoch_unix_ms: i64,
-) -> Result<(i64, i64, i64)> {
+) -> Result<(i64, i64, i64, Option<u64>)> {
     tx.execute(&sql.instance_token, &[])?;
     let row = tx.query_one(&sql.now, &[])?;
     let first_now: i64 = row.get(0);
@@ -802,11 +810,15 @@ fn pg_registry_row(
     let mut born: i64 = row.get(1);
     let epoch: i64 = row.get(2);
     let now: i64 = row.get(3);
+    let registry_id = row
+        .get::<_, Option<String>>(4)
+        .as_deref()
+        .and_then(parse_registry_id);
     if recorded != incarnation && epoch == epoch_unix_ms {
         tx.execute(&sql.registry_reborn, &[&incarnation, &now])?;
         born = now;
     }
-    Ok((now, born, epoch))
+    Ok((now, born, epoch, registry_id))
 }
 
 /// Holds `worker_id` for the request's token: the claim's expiry, the mark (only rises),
@@ -865,14 +877,14 @@ impl PgRegistry {
         on_rejected: impl FnOnce(RequestAge) -> R,
         f: impl FnOnce(&mut Tx<'_>, &Statements, i64, i64) -> Result<R>,
     ) -> Result<(R, Observed)> {
-        let (reply, now, born) = self.transaction(|tx, sql| {
-            let (now, born, epoch) = pg_registry_row(tx, sql, request.epoch_unix_ms)?;
+        let (reply, now, born, registry_id) = self.transaction(|tx, sql| {
+            let (now, born, epoch, id) = pg_registry_row(tx, sql, request.epoch_unix_ms)?;
             if epoch != request.epoch_unix_ms {
-                return Ok((on_epoch(epoch)?, now, born));
+                return Ok((on_epoch(epoch)?, now, born, id));
             }
             match request.timing().request_age(request.sent_unix_ms, now) {
-                RequestAge::Fresh => Ok((f(tx, sql, now, born)?, now, born)),
-                age => Ok((on_rejected(age), now, born)),
+                RequestAge::Fresh => Ok((f(tx, sql, now, born)?, now, born, id)),
+                age => Ok((on_rejected(age), now, born, id)),
             }
         })?;
         let observed = Observed {
@@ -883,6 +895,7 @@ impl PgRegistry {
                 registry_resolution_ms: 0,
             },
             born_unix_ms: born,
+            registry_id,
         };
         Ok((reply, observed))
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::resp::Bounded;
 use super::{
-    wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
-    Result,
+    parse_registry_id, wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry,
+    RegistryError, RenewReply, Result,
 };
 use snowflake_core::claim::{ClockSample, Granted, RequestAge, RequestTokens};
 use snowflake_core::registry_uri::parse_multi_host;
@@ -14,7 +14,7 @@ use snowflake_core::registry_uri::parse_multi_host;
 /// Checks the registry record (incarnation, epoch) and the request's age, and leaves `now`
 /// (Redis time, ms) and `born` set. A new incarnation means Redis restarted, was replaced,
 /// or a replica took over: its data may be older than what holders were told, so it begins
-/// again ("born" now) and settles. Every reply starts with a word, `now` and `born`.
+/// again ("born" now) and settles. Every reply starts with a word, `now`, `born` and `rid`.
 ///
 /// ARGV: 1 incarnation, 2 epoch, 3 dc, 4 the token to write, 5 ttl, 6 cap, 7 sent, 8
 /// largest lead of `sent` over `now`, 9 largest age, 10 how long a new incarnation settles
@@ -25,16 +25,21 @@ const REDIS_PRELUDE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reg = 'snowflake:registry'
-local m = redis.call('HMGET', reg, 'born_ms', 'run_id', 'epoch_ms')
-if m[3] and m[3] ~= ARGV[2] then return {'epoch', now, 0, tonumber(m[3])} end
+local m = redis.call('HMGET', reg, 'born_ms', 'run_id', 'epoch_ms', 'id')
+local rid = m[4]
+if m[3] and m[3] ~= ARGV[2] then return {'epoch', now, 0, rid or '', tonumber(m[3])} end
 local born = tonumber(m[1])
 if (not born) or m[2] ~= ARGV[1] then
   born = now
   redis.call('HSET', reg, 'born_ms', now, 'run_id', ARGV[1], 'epoch_ms', ARGV[2])
 end
+if not rid then
+  rid = string.sub(ARGV[4], 1, 16)
+  redis.call('HSET', reg, 'id', rid)
+end
 local sent = tonumber(ARGV[7])
-if sent - now > tonumber(ARGV[8]) then return {'ahead', now, born} end
-if now - sent > tonumber(ARGV[9]) then return {'stale', now, born} end
+if sent - now > tonumber(ARGV[8]) then return {'ahead', now, born, rid} end
+if now - sent > tonumber(ARGV[9]) then return {'stale', now, born, rid} end
 local dc = ARGV[3]
 local function key(kind, w) return 'snowflake:' .. kind .. ':' .. dc .. ':' .. w end
 local function mine(v) return v == ARGV[4] or v == ARGV[11] or v == ARGV[12] end
@@ -57,7 +62,7 @@ local cap = tonumber(ARGV[6])
 -- Nothing while settling, not even an own claim: it may come from a restored dump, released
 -- or lapsed before another server took the id (see claim::choose_worker).
 local wait = born + tonumber(ARGV[13]) - now
-if wait > 0 then return {'settling', now, born, wait} end
+if wait > 0 then return {'settling', now, born, rid, wait} end
 -- Nothing beside a holder whose claim_ttl is out of range (see claim::ttl_mismatch).
 local low, high, lo, hi, off = tonumber(ARGV[14]), tonumber(ARGV[15]), nil, nil, false
 for i = 16, #ARGV do
@@ -70,13 +75,13 @@ for i = 16, #ARGV do
     if t < low or t > high then off = true end
   end
 end
-if off then return {'ttl', now, born, lo, hi} end
+if off then return {'ttl', now, born, rid, lo, hi} end
 for i = 16, #ARGV do
   local w = ARGV[i]
   local holder = redis.call('GET', key('claim', w))
   if holder and mine(holder) then
     hold(w, token, ttl, cap)
-    return {'own', now, born, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
+    return {'own', now, born, rid, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
   end
 end
 for i = 16, #ARGV do
@@ -86,13 +91,13 @@ for i = 16, #ARGV do
     hold(w, token, ttl, cap)
     if mark then
       redis.call('SET', key('floor', w), mark + 1)
-      return {'free', now, born, tonumber(w), mark + 1}
+      return {'free', now, born, rid, tonumber(w), mark + 1}
     end
     redis.call('DEL', key('floor', w))
-    return {'free', now, born, tonumber(w)}
+    return {'free', now, born, rid, tonumber(w)}
   end
 end
-return {'exhausted', now, born, #ARGV - 15}
+return {'exhausted', now, born, rid, #ARGV - 15}
 "#;
 
 /// ARGV: the prelude's, then 13 worker, 14 the incarnation's birth the holder knows ('' to
@@ -103,15 +108,15 @@ local w = ARGV[13]
 local v = redis.call('GET', key('claim', w))
 if v and mine(v) then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
-  return {'renewed', now, born}
+  return {'renewed', now, born, rid}
 end
 local known = tonumber(ARGV[14])
 if (not v) and known and known ~= born and born + tonumber(ARGV[10]) > now then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
-  return {'renewed', now, born}
+  return {'renewed', now, born, rid}
 end
-if v then return {'lost', now, born, v} end
-return {'lost', now, born}
+if v then return {'lost', now, born, rid, v} end
+return {'lost', now, born, rid}
 "#;
 
 /// KEYS: claim, high water, released, floor, the holder's claim_ttl. ARGV: released ('' for
@@ -407,6 +412,8 @@ impl RedisRegistry {
         let word: String = redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
         let now: i64 = redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
         let born: i64 = redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
+        let registry_id: Option<String> =
+            redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
         let observed = Observed {
             sample: ClockSample {
                 sent_unix_ms: request.sent_unix_ms,
@@ -415,6 +422,7 @@ impl RedisRegistry {
                 registry_resolution_ms: 0,
             },
             born_unix_ms: born,
+            registry_id: registry_id.as_deref().and_then(parse_registry_id),
         };
         Ok((word, items.collect(), observed))
     }
