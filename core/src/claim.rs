@@ -475,6 +475,11 @@ pub fn claim_order(preferred: Option<u8>, max_worker_id: u8) -> Vec<u8> {
     order
 }
 
+/// How many of the tokens it drew last a server still counts as its own
+/// ([`ClaimTokens::recent`]): more than a `claim_ttl` of renewals (one per `claim_ttl / 5`,
+/// retries at half that) and of claims.
+pub const RECENT_TOKENS: usize = 12;
+
 /// A holder's claim tokens (issue 37: a running server copied with its memory). The
 /// registry stores one token per claim; every grant and every renewal replaces it with a new
 /// one, drawn at random by the holder, and acts only for a request that names the stored
@@ -484,13 +489,14 @@ pub fn claim_order(preferred: Option<u8>, max_worker_id: u8) -> Vec<u8> {
 /// never knew, and the other is refused from then on. Their IDs coincide only until then
 /// (docs/fleets.md gives the bound).
 ///
-/// A renewal whose reply was lost may have written its token, so a renewal's token counts
-/// as this server's until a reply confirms the write ([`ClaimTokens::confirmed`]), and the
-/// retry writes the same one. A claim always writes a token drawn for it alone: a token
-/// drawn before a copy was made must never be granted to both copies (one copy could take
-/// the claim as its own by a token the other also holds, after any number of failed
-/// requests). The registry worker keeps the tokens in a file (`durable::TOKEN_FILE`), so
-/// that its restarts keep its claim.
+/// A request names the tokens the registry may hold for this server: the last one a reply
+/// confirmed, and every one drawn recently (a request whose reply was lost may have written
+/// its token; a registry that lost its last writes, restored or failed over, may hold an
+/// older one, which its holder must still recognise to re-assert its claim: issue 37's
+/// review of this change). A renewal retried after a failure writes the same token again. A
+/// claim always writes a token drawn for it alone: a token drawn before a copy was made must
+/// never be *written* by both copies. The registry worker keeps the tokens in a file
+/// (`durable::TOKEN_FILE`), so that its restarts keep its claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimTokens {
     /// The postmaster's own random token, made at its start: a file written under another
@@ -500,14 +506,17 @@ pub struct ClaimTokens {
     pub current: String,
     /// The token the last request wrote or may have written (`current` when confirmed).
     pub next: String,
+    /// The tokens drawn last, oldest first, at most [`RECENT_TOKENS`].
+    #[serde(default)]
+    pub recent: Vec<String>,
 }
 
 /// The tokens one request names: those it may find stored as its server's, and the one it
 /// writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestTokens {
-    /// What the registry may hold for this server.
-    pub held: [String; 2],
+    /// What the registry may hold for this server: `current` first.
+    pub held: Vec<String>,
     /// What the request writes.
     pub write: String,
 }
@@ -526,6 +535,7 @@ impl ClaimTokens {
             postmaster: postmaster.to_string(),
             current: postmaster.to_string(),
             next: postmaster.to_string(),
+            recent: Vec::new(),
         }
     }
 
@@ -537,37 +547,46 @@ impl ClaimTokens {
     /// The tokens of a renewal: `fresh` (new random) is written, unless a renewal's token
     /// may have been written already (it is written again).
     pub fn for_renewal(&mut self, fresh: String) -> RequestTokens {
-        let held = [self.current.clone(), self.next.clone()];
         if !self.pending() {
-            self.next = fresh;
+            self.drawn(fresh);
         }
-        RequestTokens {
-            held,
-            write: self.next.clone(),
-        }
+        self.request()
     }
 
     /// The tokens of a claim: `fresh` (new random) is written, always.
     pub fn for_claim(&mut self, fresh: String) -> RequestTokens {
-        let held = [self.current.clone(), self.next.clone()];
-        self.next = fresh;
-        RequestTokens {
-            held,
-            write: self.next.clone(),
-        }
+        self.drawn(fresh);
+        self.request()
     }
 
     /// The tokens of a release: nothing is written.
     pub fn for_release(&self) -> RequestTokens {
-        RequestTokens {
-            held: [self.current.clone(), self.next.clone()],
-            write: self.next.clone(),
-        }
+        self.request()
     }
 
     /// A reply confirmed that the registry stores `next`.
     pub fn confirmed(&mut self) {
         self.current = self.next.clone();
+    }
+
+    fn drawn(&mut self, fresh: String) {
+        self.next = fresh.clone();
+        self.recent.push(fresh);
+        let over = self.recent.len().saturating_sub(RECENT_TOKENS);
+        self.recent.drain(..over);
+    }
+
+    fn request(&self) -> RequestTokens {
+        let mut held = vec![self.current.clone()];
+        for t in self.recent.iter().rev() {
+            if !held.contains(t) {
+                held.push(t.clone());
+            }
+        }
+        RequestTokens {
+            held,
+            write: self.next.clone(),
+        }
     }
 }
 
@@ -860,7 +879,7 @@ mod tests {
         assert!(renewal.holds("pm") && renewal.holds("t1") && !renewal.holds("t2"));
         assert_eq!(tokens.for_renewal("t2".into()).write, "t1");
         tokens.confirmed();
-        assert!(!tokens.pending() && !tokens.for_release().holds("pm"));
+        assert!(!tokens.pending());
         // A copy with the same memory draws its own next token: once one copy's write is
         // stored, the other holds neither the stored token nor the one it writes.
         let mut copy = tokens.clone();
@@ -876,12 +895,30 @@ mod tests {
             choose_worker(&[4, 5], &live, |t| mine.holds(t), 0),
             ClaimChoice::Own(4)
         );
-        // A claim writes a token of its own even while one is pending: the pending one may
-        // be the other copy's too.
-        let claim = copy.for_claim("c3".into());
-        assert_eq!(claim.write, "c3");
-        assert!(claim.holds("c2") && claim.holds("t1"));
-        assert_eq!(copy.next, "c3");
+        // A claim writes a token of its own even while one is pending (the pending one may
+        // be the other copy's too), and still recognises the pending ones: two claims in a
+        // row whose replies were lost forget neither.
+        let first = copy.for_claim("c3".into());
+        let second = copy.for_claim("c4".into());
+        assert_eq!((first.write.as_str(), second.write.as_str()), ("c3", "c4"));
+        assert!(second.holds("c2") && second.holds("c3") && second.holds("t1"));
+    }
+
+    #[test]
+    fn claim_tokens_recognise_the_recent_ones_and_forget_older() {
+        // A registry restored from a copy a few renewals old stores an older token of the
+        // holder's: still its own.
+        let mut tokens = ClaimTokens::first("pm");
+        for i in 0..(RECENT_TOKENS + 3) {
+            tokens.for_renewal(format!("t{i}"));
+            tokens.confirmed();
+        }
+        let request = tokens.for_release();
+        assert_eq!(request.held[0], tokens.current);
+        assert!(request.holds(&format!("t{}", RECENT_TOKENS + 2)));
+        assert!(request.holds("t3"));
+        assert!(!request.holds("t2") && !request.holds("pm"));
+        assert_eq!(request.held.len(), RECENT_TOKENS);
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         held: None,
         known_born_unix_ms: None,
         floor_unix_ms: i64::MIN,
+        inherited_unix_ms: i64::MIN,
         preferred: recorded
             .as_ref()
             .filter(|c| c.datacenter_id == config.datacenter_id)
@@ -202,6 +203,10 @@ struct Holder {
     known_born_unix_ms: Option<i64>,
     /// Where this server's IDs started under the current claim (Unix ms).
     floor_unix_ms: i64,
+    /// For a claim taken back by its token: the id's high-water mark before (Unix ms;
+    /// `i64::MIN` for a free grant), which a clean release gives the next holder at least
+    /// (see `ClaimReply::Granted`).
+    inherited_unix_ms: i64,
     /// The worker id to ask for first.
     preferred: Option<u8>,
     /// The claim file as last written (or read at start): its floor outlives every restart.
@@ -339,6 +344,7 @@ impl Holder {
                     granted,
                     floor_unix_ms,
                     quarantine_ms,
+                    inherited_unix_ms,
                 },
                 observed,
             )) => {
@@ -430,6 +436,7 @@ impl Holder {
                 let floor = quarantine.map_or(floor, |q| floor.max(q.first_id_unix_ms));
                 self.recorded = Some(last);
                 self.preferred = Some(worker_id);
+                self.inherited_unix_ms = inherited_unix_ms.unwrap_or(i64::MIN);
                 self.raise_floor(floor);
                 self.quarantine_until_mono_ms = quarantine.map(|q| q.until_mono_ms);
                 self.install(worker_id, fence);
@@ -697,7 +704,8 @@ impl Holder {
             epoch.to_unix(shared.generator.position()).0
         };
         let released =
-            claim::release_high_water(position_unix_ms, lease_end_unix_ms, self.floor_unix_ms);
+            claim::release_high_water(position_unix_ms, lease_end_unix_ms, self.floor_unix_ms)
+                .max(self.inherited_unix_ms);
         self.give_back(client, worker_id, Some(released));
     }
 

@@ -940,6 +940,29 @@ class FleetAssumptions(FleetFaultBase):
         self.assertRegex(line, r"WARNING:.*came back with a clock 3[45]\d\d ms behind")
         print(f"\n    {line}", flush=True)
 
+    def copy_with_memory(self, a, twin, **settings):
+        """Copy B of running node A as a copy made with its memory looks to the registry:
+        A's data directory copied while A is stopped (SIGSTOP; its token file, claim file
+        and durable lease), A's postmaster token (`twin`: tests/twinshim's environment,
+        which A runs under too) and A's port (its own socket directory, so no clash), so
+        the same tokens. `settings` override A's. Returns B, not started."""
+        b = Cluster(f"copy{free_port()}", {**a.settings, **settings}, port=a.port)
+        self.clusters.append(b)
+        pids = kill_server(a, signal.SIGSTOP)
+        try:
+            b._fresh_dir()
+            subprocess.run(["cp", "-a", a.data, b.data], check=True)
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        os.remove(os.path.join(b.data, "postmaster.pid"))
+        b.write_settings()
+        b.env = dict(twin)
+        return b
+
     def memory_copy_is_refused(self, registry, what):
         """Issue 37: a running server copied with its memory (a VM cloned or reverted with its
         memory, a restored process snapshot) has the same claim token and generator state as
@@ -961,21 +984,7 @@ class FleetAssumptions(FleetFaultBase):
         w = wait_claimed(a)
         wr_a = self.writer(a)
         wr_a.running(200)
-        b = Cluster(f"twincopy{free_port()}", dict(a.settings), port=a.port)
-        self.clusters.append(b)
-        pids = kill_server(a, signal.SIGSTOP)
-        try:
-            b._fresh_dir()
-            subprocess.run(["cp", "-a", a.data, b.data], check=True)
-        finally:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-        os.remove(os.path.join(b.data, "postmaster.pid"))
-        b.write_settings()  # its own socket directory; the same port, so the same token
-        b.env = dict(twin)
+        b = self.copy_with_memory(a, twin)
         self.up(b)
         wait_claimed(b)
         started = time.monotonic()
@@ -1079,6 +1088,89 @@ class FleetAssumptions(FleetFaultBase):
             f"worker {first} from redis db 0; the same registry at another address claimed; "
             f"db 1 refused (55000: {e.diag.message_detail[:80]}...); claimed after the claim "
             f"file was removed; claimed again after db 1's server restarted empty"))
+
+    def test_17_a_registry_back_with_an_older_token_keeps_the_holder(self):
+        """Every renewal writes a new token, so a registry that lost its last writes (Redis
+        restarted from a dump a few renewals old, an AOF missing its last second, a replica
+        that missed the last renewal, an etcd snapshot) holds an older token of its holder.
+        The holder still counts the tokens it drew recently as its own and re-asserts its
+        claim: the same id, never stopped. (The first version of the rotation knew only the
+        last two: the holder was told its claim was lost, stopped for 6 s and logged that a
+        copy of it had renewed; issue 37's review of it.) Redis is saved right after a
+        renewal, two more renewals follow, then it is SIGKILLed and restarted from that
+        dump."""
+        ttl = 5
+        redis = self.started(RedisServer())
+        a = self.new("older", redis, ttl)
+        self.up(a)
+        w = wait_claimed(a)
+        wr = self.writer(a)
+        wr.running(200)
+        after_renewal(a)
+        redis.cli("SAVE")
+        after_renewal(a)
+        after_renewal(a)
+        errors_before = len(wr.errors)
+        redis.proc.send_signal(signal.SIGKILL)
+        redis.proc.wait()
+        redis.start()  # the same directory: from the dump, with the older token
+        killed_at = time.monotonic()
+        # The next renewals reach the new incarnation: a re-assertion, then plain ones.
+        after_renewal(a)
+        after_renewal(a)
+        self.stop_writers(wr)
+        lost = [line for line in a.log().splitlines() if "stopped issuing IDs" in line]
+        report_figure("registry back with an older token", (
+            f"claim_ttl {ttl} s; worker {w} before, "
+            f"{a.one('SELECT worker_id FROM snowflake_stats()')} after; "
+            f"{len(wr.errors) - errors_before} errors after the restart; "
+            f"{time.monotonic() - killed_at:.2f} s watched"))
+        self.assertEqual(lost, [], "the holder gave its claim up")
+        self.assertEqual(status(a), "held")
+        self.assertEqual(a.one("SELECT worker_id FROM snowflake_stats()"), w)
+
+    def test_18_a_memory_copys_release_does_not_hand_the_id_below_the_other(self):
+        """A copy of a running server takes the id back by the token it shares with the
+        original, then is stopped cleanly: its release must not let a third server start
+        below what the original, cut off but still inside its fence, issues. Node A
+        (claim_ttl 10 s, through a proxy) holds the datacenter's only free id; node D waits
+        for one; A is cut off right after a renewal and copy B of it (tests/twinshim) claims
+        the id as its own and is stopped. The release now gives D at least the id's mark
+        from before B's claim, above A's last cap: no ID twice. (Before, B's release gave
+        D its own floor: 637,350 duplicates between A and D; issue 37's review of the token
+        rotation. 0.7.0 had the same path.)"""
+        ttl = 10
+        redis = self.started(RedisServer())
+        self.hold_all_but(redis, 0)
+        proxy = self.proxy(redis.port)
+        twin = {"LD_PRELOAD": twin_shim_lib(), "SNOWFLAKE_TWIN_RANDOM": os.urandom(16).hex()}
+        a = self.new("origin", Uri(proxy.redis_uri()), ttl)
+        a.env = dict(twin)
+        self.up(a)
+        self.assertEqual(wait_claimed(a), 0)
+        wr_a = self.writer(a)
+        wr_a.running(200)
+        d = self.new("third", redis, ttl)
+        self.up(d)
+        wait_status(d, "exhausted")
+        wr_d = self.writer(d)
+        after_renewal(a)
+        proxy.mode = "drop"  # A issues on under its fence, unheard
+        b = self.copy_with_memory(a, twin, **{"snowflake.registry": redis.uri()})
+        b.start()
+        self.assertEqual(wait_claimed(b), 0)
+        b.stop("fast")  # a clean release of worker 0
+        self.assertEqual(wait_claimed(d), 0)
+        wait_until(lambda: status(a) != "held", what="A's fence ended")
+        marks = len(wr_d.got)
+        wait_until(lambda: len(wr_d.got) > marks + 500, what="D writing after A stopped")
+        self.stop_writers(wr_a, wr_d)
+        dup = duplicates(wr_a.got, wr_d.got)
+        gap_ms = (min(v for v in wr_d.got) >> 22) - (max(wr_a.got) >> 22)
+        report_figure("memory copy released beside its cut-off original", (
+            f"claim_ttl {ttl} s; A {len(wr_a.got)} IDs, D {len(wr_d.got)} IDs; D's first "
+            f"timestamp {gap_ms} ms from A's last; {dup} duplicates"))
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs between A and D")
 
 
 def tearDownModule():

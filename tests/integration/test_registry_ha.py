@@ -23,6 +23,7 @@ chaos campaign takes 15 and the Patroni suite 17, and the four majors' suites ru
 """
 
 import grp
+import json
 import os
 import shutil
 import signal
@@ -255,6 +256,38 @@ def etcd_counter(etcd, i, name):
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+class ElectionWatch(threading.Thread):
+    """Polls the members other than a stopped leader until one of them reports a leader
+    among themselves: how long after `since` (monotonic s) the cluster had a new leader,
+    or None if it had none before `stop()`."""
+
+    def __init__(self, etcd, others, since):
+        super().__init__(daemon=True)
+        self.etcd, self.others, self.since = etcd, others, since
+        self.ids = {etcd.member_id(i) for i in others}
+        self.elected_after = None
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set() and self.elected_after is None:
+            for i in self.others:
+                r = self.etcd.etcdctl("endpoint", "status", endpoints=self.etcd.endpoints([i]),
+                                      check=False, json_out=True, timeout=2)
+                try:
+                    leader = json.loads(r.stdout)[0]["Status"].get("leader")
+                except (ValueError, KeyError, IndexError):
+                    continue
+                if leader in self.ids:
+                    self.elected_after = time.monotonic() - self.since
+                    return
+            time.sleep(0.05)
+
+    def stop(self):
+        self.done.set()
+        self.join(10)
+        return self.elected_after
 
 
 def connected_ports(pids):
@@ -837,36 +870,56 @@ class EtcdRegistry(HABase):
         vanished has lost it (binding it again was tried, and an adversarial review got
         duplicates from it with a restore). Either broken, the errors are a figure; always
         asserted: no duplicate, only 55000, and both nodes issuing again within the bound
-        of a lost claim (the outage, a settle, a new grant's quarantine, a heartbeat)."""
+        of a lost claim (the outage, a settle, a new grant's quarantine, a heartbeat).
+
+        In the worst phase (the renewal sent just before the freeze) the new leader must be
+        there when the client moves on, with a reconnection, a clock read and a transaction
+        still to come: an election that took over half of the ttl/10 (etcd randomizes its
+        timeout between 0.5 and 1 s here) leaves too little, and is named as the cause."""
         etcd, a, b, _ = self.take("frozen")
         wa, wb = self.writing(a, b)
         victim, in_use = self.member_in_use(etcd, [a, b])
+        others = [i for i in range(etcd.n) if i != victim]
+        watch = ElectionWatch(etcd, others, 0.0)
         expired = "etcd_debugging_server_lease_expired_total"
-        expired_before = etcd_counter(etcd, victim, expired)
+        expired_before = {i: etcd_counter(etcd, i, expired) for i in range(etcd.n)}
         etcd.stop(victim)
         stopped_at = time.monotonic()
+        watch.since = stopped_at
+        watch.start()
         try:
             time.sleep(self.TTL + 1)
             moved = self.members_in_use(etcd, [a, b])
         finally:
             etcd.cont(victim)
         cont_at = time.monotonic()
+        elected_after = watch.stop()
         etcd.wait_healthy(timeout=HANG_GUARD)
         outage = cont_at - stopped_at
         resumed = self.wait_resumed([wa, wb], stopped_at,
                                     outage + settle(self.TTL) + etcd_quarantine(self.TTL) + self.TTL / 5,
                                     "etcd member SIGSTOP", outage=outage)
-        by_woken = etcd_counter(etcd, victim, expired) - expired_before
+        # Leases revoked by any member (the woken ex-leader, or another: a stress run saw
+        # errors with none counted on the woken one, issue 37).
+        revoked = sum(etcd_counter(etcd, i, expired) - expired_before[i] for i in range(etcd.n))
         until = time.monotonic()
         self.stop_writers(wa, wb)
         # The frozen member holds the first request of a renewal for its time limit (ttl/5)
-        # and the client moves on within the same step: ttl/10 of the fence is left.
+        # and the client moves on within the same step: ttl/10 of the fence is left, for the
+        # election and the machine's delays. An election that took (nearly) all of it, as
+        # etcd's randomized timeout allows, leaves nothing: then the errors are a figure.
+        slack = self.TTL / 10
+        broken = []
+        if revoked:
+            broken.append(f"the members revoked {revoked:.0f} lease(s) (an etcd bug)")
+        if elected_after is None or elected_after > slack / 2:
+            broken.append(f"the election took {'more than the outage' if elected_after is None else format(elected_after, '.2f') + ' s'}, over half the {slack:.1f} s slack")
         self.assert_no_error(
-            [wa, wb], stopped_at, until, "etcd member SIGSTOP", slack_s=self.TTL / 10,
-            broken_by=(f"the woken member revoked {by_woken:.0f} lease(s) (an etcd bug)"
-                       if by_woken else None),
-            detail=f"; leader m{victim} stopped {outage:.1f} s (node connections per member "
-                   f"{in_use} before, {moved} meanwhile); writers resumed after {resumed} s")
+            [wa, wb], stopped_at, until, "etcd member SIGSTOP", slack_s=slack,
+            broken_by="; ".join(broken) or None,
+            detail=f"; leader m{victim} stopped {outage:.1f} s, new leader after "
+                   f"{elected_after} s (node connections per member {in_use} before, {moved} "
+                   f"meanwhile); writers resumed after {resumed} s")
         self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
         self.assert_no_duplicates(wa.got, wb.got)
 

@@ -269,19 +269,39 @@ enum Request {
 
 #[derive(Debug, Clone, Copy)]
 enum Reply {
-    Granted { worker: u8, floor: Option<i64> },
-    Settling { wait_ms: u64 },
+    /// `inherited`: for an own claim, the id's high-water mark before it.
+    Granted {
+        worker: u8,
+        floor: Option<i64>,
+        inherited: Option<i64>,
+    },
+    Settling {
+        wait_ms: u64,
+    },
     Exhausted,
-    Refused { others_max_ms: u64 },
+    Refused {
+        others_max_ms: u64,
+    },
     Renewed,
     Lost,
     Rejected,
     Released,
 }
 
-/// A request's tokens, as `claim::RequestTokens`: two the registry may hold for the copy,
-/// and the one the request writes.
-type Tokens = (u64, u64, u64);
+/// A request's tokens, as `claim::RequestTokens`: those the registry may hold for the copy
+/// (the confirmed one and the recent ones; 0 for none), and the one the request writes.
+#[derive(Debug, Clone, Copy)]
+struct Tokens {
+    current: u64,
+    recent: [u64; claim::RECENT_TOKENS],
+    write: u64,
+}
+
+impl Tokens {
+    fn holds(&self, t: u64) -> bool {
+        t != 0 && (t == self.current || t == self.write || self.recent.contains(&t))
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Pending {
@@ -305,6 +325,8 @@ struct Copy {
     /// The token its next grant or renewal writes (`token` when none is drawn): kept in a
     /// file, so a crash restart keeps it.
     next_token: u64,
+    /// The tokens drawn last (a ring; 0: none), also kept in the file.
+    recent: [u64; claim::RECENT_TOKENS],
     timing: ClaimTiming,
     /// Wall clock minus true time.
     clock: i64,
@@ -334,6 +356,8 @@ struct Copy {
     quarantine_until_mono: u64,
     /// The longest `claim_ttl` a refusal named (0: none); forgotten at a restart.
     fleet_ttl_ms: u64,
+    /// For an own claim: the id's high-water mark before it (`i64::MIN`: none).
+    inherited: i64,
 }
 
 impl Copy {
@@ -444,6 +468,7 @@ impl Sim {
                 root: server,
                 token: server as u64 + 1,
                 next_token: server as u64 + 1,
+                recent: [0; claim::RECENT_TOKENS],
                 timing,
                 clock,
                 mono: 1_000_000 + rng.range(0, 1_000_000),
@@ -463,6 +488,7 @@ impl Sim {
                 etcd: EtcdClient::default(),
                 quarantine_until_mono: 0,
                 fleet_ttl_ms: 0,
+                inherited: i64::MIN,
             });
         }
         let max_ttl = copies
@@ -788,7 +814,6 @@ impl Sim {
         }
         // As `ClaimTokens`: a claim writes a token drawn for it; a renewal too, unless one a
         // renewal drew may have been written (it is written again).
-        let held = (self.copies[c].token, self.copies[c].next_token);
         if self.fixes.rotate_tokens {
             let copy = &self.copies[c];
             let draw = match request {
@@ -798,10 +823,19 @@ impl Sim {
             };
             if draw {
                 self.tokens_drawn += 1;
-                self.copies[c].next_token = self.tokens_drawn;
+                let fresh = self.tokens_drawn;
+                let copy = &mut self.copies[c];
+                copy.next_token = fresh;
+                copy.recent.rotate_left(1);
+                copy.recent[claim::RECENT_TOKENS - 1] = fresh;
             }
         }
-        let tokens = (held.0, held.1, self.copies[c].next_token);
+        let copy = &self.copies[c];
+        let tokens = Tokens {
+            current: copy.token,
+            recent: copy.recent,
+            write: copy.next_token,
+        };
         self.requests
             .insert(id, (c, request, sent_wall, tokens, timing));
         self.note(|| {
@@ -919,7 +953,7 @@ impl Sim {
         etcd: bool,
         mut client: EtcdClient,
         request: Request,
-        (held, held_next, token): Tokens,
+        tokens: Tokens,
         timing: ClaimTiming,
         sent: i64,
         (now, client_clock): (i64, i64),
@@ -938,7 +972,8 @@ impl Sim {
         };
         // This copy's tokens: those the registry may hold for it, and the one this request
         // writes (all one without `rotate_tokens`).
-        let mine = |t: u64| t == held || t == held_next || t == token;
+        let mine = |t: u64| tokens.holds(t);
+        let token = tokens.write;
         if let Request::Release { worker, released } = request {
             if holder_of(data, worker).is_some_and(|h| mine(h.0)) {
                 data.claims.remove(&worker);
@@ -1065,13 +1100,19 @@ impl Sim {
                 }
                 match choice {
                     ClaimChoice::Own(w) => {
+                        let inherited = data.high_water.get(&w).copied();
                         hold(data, &mut client, w);
                         let floor = if fixes.durable_floor {
                             data.floor.get(&w).copied()
                         } else {
                             None
                         };
-                        (Reply::Granted { worker: w, floor }, client)
+                        let reply = Reply::Granted {
+                            worker: w,
+                            floor,
+                            inherited,
+                        };
+                        (reply, client)
                     }
                     ClaimChoice::Free(w) => {
                         let mark = data.released.get(&w).or(data.high_water.get(&w)).copied();
@@ -1081,7 +1122,12 @@ impl Sim {
                             Some(f) => data.floor.insert(w, f),
                             None => data.floor.remove(&w),
                         };
-                        (Reply::Granted { worker: w, floor }, client)
+                        let reply = Reply::Granted {
+                            worker: w,
+                            floor,
+                            inherited: None,
+                        };
+                        (reply, client)
                     }
                     ClaimChoice::Settling(wait_ms) => (Reply::Settling { wait_ms }, client),
                     ClaimChoice::Exhausted(_) => (Reply::Exhausted, client),
@@ -1184,7 +1230,18 @@ impl Sim {
                 self.failed_renewal(c);
                 retry
             }
-            (Request::Claim { .. }, Some((Reply::Granted { worker, floor }, now, born))) => {
+            (
+                Request::Claim { .. },
+                Some((
+                    Reply::Granted {
+                        worker,
+                        floor,
+                        inherited,
+                    },
+                    now,
+                    born,
+                )),
+            ) => {
                 self.tokens_confirmed(c);
                 self.copies[c].known_born = Some(born);
                 if claim::check_skew(&sample(now), timing).is_err() {
@@ -1221,6 +1278,7 @@ impl Sim {
                     }
                 }
                 let copy = &mut self.copies[c];
+                copy.inherited = inherited.unwrap_or(i64::MIN);
                 copy.recorded = Some((worker, new_floor));
                 copy.preferred = Some(worker);
                 // The floor is in memory (and in the claim file); the position moves only
@@ -1349,15 +1407,18 @@ impl Sim {
                     let token = self.tokens_drawn;
                     if let (Some((worker, _)), true) = (held, f.clean) {
                         let copy = &self.copies[c];
+                        // As `Holder::release`: no lower than an own claim's inherited mark.
                         let released = claim::release_high_water(
                             copy.position,
                             copy.position,
                             copy.recorded.map_or(i64::MIN, |r| r.1),
-                        );
+                        )
+                        .max(copy.inherited);
                         self.give_back(c, worker, Some(released));
                     }
                     self.copies[c].token = token;
                     self.copies[c].next_token = token;
+                    self.copies[c].recent = [0; claim::RECENT_TOKENS];
                 }
                 let at = self.copies[c].down_until + 1;
                 self.at(at, Event::Step(c));

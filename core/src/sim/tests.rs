@@ -230,6 +230,8 @@ fn open_paths() -> Vec<(&'static str, Space)> {
     mixed.ttls_ms = vec![2_000, 30_000];
     let mut host = contended(&[RegistryRestartEmpty, ServerRestart]);
     host.registry_host_clock_ms = 5_000;
+    let mut copy_released = Space::new(3, 1, &[MemoryClone, Partition, ServerRestart]);
+    copy_released.duration_ms = 60_000;
     vec![
         (
             "issue 37 #1: claim_ttl differs between servers, registry lost",
@@ -238,6 +240,10 @@ fn open_paths() -> Vec<(&'static str, Space)> {
         (
             "issue 37 #3: registry restarted on a host whose clock differs by up to 10 s",
             host,
+        ),
+        (
+            "issue 37: a memory copy that renewed first released the id cleanly within a claim_ttl of the copy, a third server took it below the other copy's last IDs",
+            copy_released,
         ),
     ]
 }

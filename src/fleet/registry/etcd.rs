@@ -863,6 +863,7 @@ impl Registry for EtcdRegistry {
                         granted: Granted::Own,
                         floor_unix_ms: marks.0.floor_unix_ms,
                         quarantine_ms,
+                        inherited_unix_ms: marks.0.high_water_unix_ms,
                     })
                 }
                 ClaimChoice::Free(w) => {
@@ -874,6 +875,7 @@ impl Registry for EtcdRegistry {
                         granted: Granted::Free,
                         floor_unix_ms: floor,
                         quarantine_ms,
+                        inherited_unix_ms: None,
                     })
                 }
                 ClaimChoice::Settling(wait_ms) => Some(ClaimReply::Settling { wait_ms }),

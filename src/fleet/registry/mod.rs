@@ -126,6 +126,13 @@ pub enum ClaimReply {
         /// that signals every loss of data (Redis, a coordinator), the quarantine of
         /// [`ClaimTiming::grant_quarantine_ms`] for etcd, whose restores give no sign.
         quarantine_ms: u64,
+        /// For an id this server's token held: the id's high-water mark before the grant
+        /// (Unix ms), up to which a holder of the same token may have issued (this server
+        /// before a restart of its worker, or a copy of it made with its memory that is
+        /// still issuing under its fence). A clean release gives the next holder at least
+        /// this, so that a copy's release cannot hand the id to a third server below the
+        /// other copy's IDs (issue 37's review of the token rotation: 386,400 duplicates).
+        inherited_unix_ms: Option<i64>,
     },
     /// The registry began recently (new, restarted, restored): free ids in this long.
     Settling {

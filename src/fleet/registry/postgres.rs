@@ -163,7 +163,7 @@ SELECT high_water_unix_ms, released_unix_ms FROM {s}.snowflake_claims \
  WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer";
 
 const PG_LIVE: &str = "\
-SELECT worker_id, holder, floor_unix_ms, ttl_ms FROM {s}.snowflake_claims \
+SELECT worker_id, holder, floor_unix_ms, ttl_ms, high_water_unix_ms FROM {s}.snowflake_claims \
  WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND holder IS NOT NULL \
    AND expires_unix_ms OPERATOR(pg_catalog.>) $2::bigint";
 
@@ -854,6 +854,16 @@ fn pg_hold(
     Ok(())
 }
 
+/// A live claim as the claim step reads it.
+struct LiveClaim {
+    worker_id: u8,
+    holder: String,
+    floor_unix_ms: Option<i64>,
+    /// The holder's `claim_ttl` (ms).
+    ttl_ms: Option<i64>,
+    high_water_unix_ms: Option<i64>,
+}
+
 /// The floor a free grant of `worker_id` gets (see [`claim::free_grant_floor_unix_ms`]).
 fn pg_free_floor(
     tx: &mut Tx<'_>,
@@ -913,21 +923,28 @@ impl Registry for PgRegistry {
             ClaimReply::Rejected,
             |tx, sql, now, born| {
                 let rows = tx.query(&sql.live, &[&i32::from(request.datacenter_id), &now])?;
-                // (worker, holder, floor, the holder's claim_ttl)
-                let live: Vec<(u8, String, Option<i64>, Option<i64>)> = rows
+                let live: Vec<LiveClaim> = rows
                     .iter()
-                    .map(|r| (r.get::<_, i32>(0) as u8, r.get(1), r.get(2), r.get(3)))
+                    .map(|r| LiveClaim {
+                        worker_id: r.get::<_, i32>(0) as u8,
+                        holder: r.get(1),
+                        floor_unix_ms: r.get(2),
+                        ttl_ms: r.get(3),
+                        high_water_unix_ms: r.get(4),
+                    })
                     .collect();
-                let holders: Vec<(u8, &str)> =
-                    live.iter().map(|(w, t, _, _)| (*w, t.as_str())).collect();
+                let holders: Vec<(u8, &str)> = live
+                    .iter()
+                    .map(|c| (c.worker_id, c.holder.as_str()))
+                    .collect();
                 let settle = request.claim_timing().settle_wait_ms(born, now);
                 // Nothing beside a holder whose claim_ttl is out of range (see
                 // claim::ttl_mismatch).
                 if settle == 0 {
                     let others: Vec<u64> = live
                         .iter()
-                        .filter(|(_, t, _, _)| !request.tokens.holds(t))
-                        .filter_map(|(_, _, _, ttl)| *ttl)
+                        .filter(|c| !request.tokens.holds(&c.holder))
+                        .filter_map(|c| c.ttl_ms)
                         .map(|t| t.max(0) as u64)
                         .collect();
                     if let Some((others_min_ms, others_max_ms)) =
@@ -947,15 +964,14 @@ impl Registry for PgRegistry {
                         settle,
                     ) {
                         ClaimChoice::Own(w) => {
+                            let own = live.iter().find(|c| c.worker_id == w);
                             pg_hold(tx, sql, request, w, now, None)?;
                             ClaimReply::Granted {
                                 worker_id: w,
                                 granted: Granted::Own,
-                                floor_unix_ms: live
-                                    .iter()
-                                    .find(|(id, _, _, _)| *id == w)
-                                    .and_then(|(_, _, f, _)| *f),
+                                floor_unix_ms: own.and_then(|c| c.floor_unix_ms),
                                 quarantine_ms: 0,
+                                inherited_unix_ms: own.and_then(|c| c.high_water_unix_ms),
                             }
                         }
                         ClaimChoice::Free(w) => {
@@ -966,6 +982,7 @@ impl Registry for PgRegistry {
                                 granted: Granted::Free,
                                 floor_unix_ms: floor,
                                 quarantine_ms: 0,
+                                inherited_unix_ms: None,
                             }
                         }
                         ClaimChoice::Settling(wait_ms) => ClaimReply::Settling { wait_ms },
@@ -1025,8 +1042,8 @@ impl Registry for PgRegistry {
         tokens: &RequestTokens,
         released_unix_ms: Option<i64>,
     ) -> Result<()> {
-        let held: Vec<&str> = [&tokens.write, &tokens.held[0], &tokens.held[1]]
-            .into_iter()
+        let held: Vec<&str> = std::iter::once(&tokens.write)
+            .chain(&tokens.held)
             .map(String::as_str)
             .collect();
         self.transaction(|tx, sql| {

@@ -9,6 +9,7 @@ use super::{
     RegistryError, RenewReply, Result,
 };
 use snowflake_core::claim::{ClockSample, Granted, RequestAge, RequestTokens};
+use snowflake_core::layout::MAX_WORKER_ID;
 use snowflake_core::registry_uri::parse_multi_host;
 
 /// Checks the registry record (incarnation, epoch) and the request's age, and leaves `now`
@@ -19,8 +20,8 @@ use snowflake_core::registry_uri::parse_multi_host;
 /// ARGV: 1 incarnation, 2 epoch, 3 dc, 4 the token to write, 5 ttl, 6 cap, 7 sent, 8
 /// largest lead of `sent` over `now`, 9 largest age, 10 how long a new incarnation settles
 /// (all from the core's `ClaimTiming`, so that the numbers live in one place), 11 and 12
-/// the tokens the registry may hold for this server (`RequestTokens`); then the script's
-/// own, from 13.
+/// the tokens the registry may hold for this server (`RequestTokens::held`: the first, then
+/// the others between newlines); then the script's own, from 13.
 const REDIS_PRELUDE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,7 +43,9 @@ if sent - now > tonumber(ARGV[8]) then return {'ahead', now, born, rid} end
 if now - sent > tonumber(ARGV[9]) then return {'stale', now, born, rid} end
 local dc = ARGV[3]
 local function key(kind, w) return 'snowflake:' .. kind .. ':' .. dc .. ':' .. w end
-local function mine(v) return v == ARGV[4] or v == ARGV[11] or v == ARGV[12] end
+local function mine(v)
+  return v == ARGV[4] or v == ARGV[11] or string.find(ARGV[12], '\n' .. v .. '\n', 1, true) ~= nil
+end
 local function hold(w, token, ttl, cap)
   redis.call('SET', key('claim', w), token, 'PX', ttl)
   redis.call('SET', key('ttl', w), ttl, 'PX', ttl)
@@ -63,10 +66,11 @@ local cap = tonumber(ARGV[6])
 -- or lapsed before another server took the id (see claim::choose_worker).
 local wait = born + tonumber(ARGV[13]) - now
 if wait > 0 then return {'settling', now, born, rid, wait} end
--- Nothing beside a holder whose claim_ttl is out of range (see claim::ttl_mismatch).
+-- Nothing beside a holder whose claim_ttl is out of range (see claim::ttl_mismatch), among
+-- every id of the datacenter (not only those this server asks for: it leaves out ids whose
+-- mark is ahead of its clock).
 local low, high, lo, hi, off = tonumber(ARGV[14]), tonumber(ARGV[15]), nil, nil, false
-for i = 16, #ARGV do
-  local w = ARGV[i]
+for w = 0, MAX_WORKER_ID do
   local holder = redis.call('GET', key('claim', w))
   local t = tonumber(redis.call('GET', key('ttl', w)))
   if holder and (not mine(holder)) and t then
@@ -80,8 +84,9 @@ for i = 16, #ARGV do
   local w = ARGV[i]
   local holder = redis.call('GET', key('claim', w))
   if holder and mine(holder) then
+    local hw = redis.call('GET', key('high_water', w)) or ''
     hold(w, token, ttl, cap)
-    return {'own', now, born, rid, tonumber(w), tonumber(redis.call('GET', key('floor', w)))}
+    return {'own', now, born, rid, tonumber(w), redis.call('GET', key('floor', w)) or '', hw}
   end
 end
 for i = 16, #ARGV do
@@ -120,11 +125,14 @@ return {'lost', now, born, rid}
 "#;
 
 /// KEYS: claim, high water, released, floor, the holder's claim_ttl. ARGV: released ('' for
-/// none), then the holder's tokens (`RequestTokens`). The mark only rises; the released
-/// value (never below the holder's floor) is the next floor.
+/// none), then the holder's tokens (`RequestTokens`: the one it writes, the first held, the
+/// others between newlines). The mark only rises; the released value (never below
+/// the holder's floor) is the next floor.
 const REDIS_RELEASE: &str = r#"
 local v = redis.call('GET', KEYS[1])
-if not (v and (v == ARGV[2] or v == ARGV[3] or v == ARGV[4])) then return 0 end
+if not (v and (v == ARGV[2] or v == ARGV[3] or string.find(ARGV[4], '\n' .. v .. '\n', 1, true))) then
+  return 0
+end
 redis.call('DEL', KEYS[1], KEYS[5])
 v = tonumber(ARGV[1])
 if v then
@@ -321,7 +329,10 @@ impl RedisRegistry {
             connection: None,
             connected_to: String::new(),
             sentinel_epoch: None,
-            claim: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_CLAIM}")),
+            claim: redis::Script::new(&format!(
+                "{REDIS_PRELUDE}{}",
+                REDIS_CLAIM.replace("MAX_WORKER_ID", &MAX_WORKER_ID.to_string())
+            )),
             renew: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_RENEW}")),
             release: redis::Script::new(REDIS_RELEASE),
             password,
@@ -399,7 +410,7 @@ impl RedisRegistry {
             .arg(timing.max_request_age_ms())
             .arg(timing.settle_ms())
             .arg(&request.tokens.held[0])
-            .arg(&request.tokens.held[1]);
+            .arg(newline_list(&request.tokens.held[1..]));
         for arg in extra {
             invocation.arg(arg);
         }
@@ -581,9 +592,23 @@ fn check_is_master(con: &mut Bounded, address: &str) -> Result<()> {
     Ok(())
 }
 
+/// Tokens for a script's plain search of `\n TOKEN \n`: each between newlines (a token has
+/// none: hex, `@`, the host name and the port).
+fn newline_list(tokens: &[String]) -> String {
+    let mut list = String::from("\n");
+    for t in tokens {
+        list.push_str(t);
+        list.push('\n');
+    }
+    list
+}
+
+/// The integer at `i` of a reply's rest: None when absent, nil, or '' (a script's stand-in
+/// for nil before a later value: a Lua table ends at its first nil).
 fn int_at(rest: &[redis::Value], i: usize) -> Result<Option<i64>> {
     match rest.get(i) {
         None | Some(redis::Value::Nil) => Ok(None),
+        Some(redis::Value::BulkString(b)) if b.is_empty() => Ok(None),
         Some(v) => Ok(Some(redis::from_redis_value(v.clone())?)),
     }
 }
@@ -621,12 +646,14 @@ impl Registry for RedisRegistry {
                     granted: Granted::Own,
                     floor_unix_ms: int(1)?,
                     quarantine_ms: 0,
+                    inherited_unix_ms: int(2)?,
                 },
                 "free" => ClaimReply::Granted {
                     worker_id: worker(0)?,
                     granted: Granted::Free,
                     floor_unix_ms: int(1)?,
                     quarantine_ms: 0,
+                    inherited_unix_ms: None,
                 },
                 "settling" => ClaimReply::Settling {
                     wait_ms: int(0)?.unwrap_or(0).max(0) as u64,
@@ -708,7 +735,7 @@ impl Registry for RedisRegistry {
                 .arg(released_unix_ms.map(|v| v.to_string()).unwrap_or_default())
                 .arg(&tokens.write)
                 .arg(&tokens.held[0])
-                .arg(&tokens.held[1])
+                .arg(newline_list(&tokens.held[1..]))
                 .invoke(con)?;
             Ok(())
         })
