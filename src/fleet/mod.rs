@@ -203,9 +203,9 @@ struct Holder {
     known_born_unix_ms: Option<i64>,
     /// Where this server's IDs started under the current claim (Unix ms).
     floor_unix_ms: i64,
-    /// For a claim taken back by its token: the id's high-water mark before (Unix ms;
-    /// `i64::MIN` for a free grant), which a clean release gives the next holder at least
-    /// (see `ClaimReply::Granted`).
+    /// The id's high-water mark before this server's latest accepted write (an own grant
+    /// or a renewal; Unix ms, `i64::MIN` for none), which a clean release gives the next
+    /// holder at least (see `RenewReply::Renewed`).
     inherited_unix_ms: i64,
     /// The worker id to ask for first.
     preferred: Option<u8>,
@@ -294,8 +294,11 @@ impl Holder {
                 .then_some(self.known_born_unix_ms)
                 .flatten();
             return match client.renew(&request, worker_id, reassert) {
-                Ok((RenewReply::Renewed, observed)) => {
+                Ok((RenewReply::Renewed { inherited_unix_ms }, observed)) => {
                     self.tokens.confirmed();
+                    if let Some(mark) = inherited_unix_ms {
+                        self.inherited_unix_ms = self.inherited_unix_ms.max(mark);
+                    }
                     if let Err(skew) = claim::check_skew(&observed.sample, self.timing) {
                         self.fence(ClaimStatus::Refused, &skew_text(skew));
                         return heartbeat;

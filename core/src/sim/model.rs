@@ -60,6 +60,12 @@ pub struct Fixes {
     /// the one that renews second is refused. Taken out, both copies renew one token for
     /// ever.
     pub rotate_tokens: bool,
+    /// Issue 37: a clean release is no lower than the id's high-water mark before the
+    /// holder's latest accepted write (`RenewReply::Renewed`, `ClaimReply::Granted`), which
+    /// is at least every cap granted before it: of two copies of a server made with its
+    /// memory, the one that wrote first and is then stopped cleanly must not hand the id to
+    /// a third server below what the other issued before it was refused.
+    pub release_above_inherited: bool,
 }
 
 impl Fixes {
@@ -78,6 +84,7 @@ impl Fixes {
         refuse_ttl_out_of_ratio: true,
         settle_for_refused_ttl: true,
         rotate_tokens: true,
+        release_above_inherited: true,
     };
 }
 
@@ -282,7 +289,10 @@ enum Reply {
     Refused {
         others_max_ms: u64,
     },
-    Renewed,
+    /// `inherited`: the id's high-water mark before the renewal.
+    Renewed {
+        inherited: Option<i64>,
+    },
     Lost,
     Rejected,
     Released,
@@ -356,7 +366,8 @@ struct Copy {
     quarantine_until_mono: u64,
     /// The longest `claim_ttl` a refusal named (0: none); forgotten at a restart.
     fleet_ttl_ms: u64,
-    /// For an own claim: the id's high-water mark before it (`i64::MIN`: none).
+    /// The id's high-water mark before the copy's latest accepted write (an own claim or a
+    /// renewal; `i64::MIN`: none), as `Holder::inherited_unix_ms`.
     inherited: i64,
 }
 
@@ -1135,9 +1146,10 @@ impl Sim {
             }
             Request::Renew { worker, reassert } => {
                 let holder = holder_of(data, worker);
+                let inherited = data.high_water.get(&worker).copied();
                 if holder.is_some_and(|(t, from_before)| mine(t) && !from_before) {
                     hold(data, &mut client, worker);
-                    return (Reply::Renewed, client);
+                    return (Reply::Renewed { inherited }, client);
                 }
                 let may = if fixes.reassert_only_after_loss {
                     reassert.is_some_and(|known| {
@@ -1149,7 +1161,7 @@ impl Sim {
                 let own_from_before = holder.is_some_and(|(t, from_before)| mine(t) && from_before);
                 if (holder.is_none() || own_from_before) && may {
                     hold(data, &mut client, worker);
-                    return (Reply::Renewed, client);
+                    return (Reply::Renewed { inherited }, client);
                 }
                 (Reply::Lost, client)
             }
@@ -1204,8 +1216,12 @@ impl Sim {
         };
         let fence = pending.fence;
         let next = match (pending.request, answer) {
-            (Request::Renew { worker, .. }, Some((Reply::Renewed, now, born))) => {
+            (Request::Renew { worker, .. }, Some((Reply::Renewed { inherited }, now, born))) => {
                 self.tokens_confirmed(c);
+                if let Some(mark) = inherited {
+                    let copy = &mut self.copies[c];
+                    copy.inherited = copy.inherited.max(mark);
+                }
                 if claim::check_skew(&sample(now), timing).is_err() {
                     self.fence_copy(c, "skew");
                 } else {
@@ -1407,13 +1423,15 @@ impl Sim {
                     let token = self.tokens_drawn;
                     if let (Some((worker, _)), true) = (held, f.clean) {
                         let copy = &self.copies[c];
-                        // As `Holder::release`: no lower than an own claim's inherited mark.
-                        let released = claim::release_high_water(
+                        // As `Holder::release`: no lower than the inherited mark.
+                        let mut released = claim::release_high_water(
                             copy.position,
                             copy.position,
                             copy.recorded.map_or(i64::MIN, |r| r.1),
-                        )
-                        .max(copy.inherited);
+                        );
+                        if self.fixes.release_above_inherited {
+                            released = released.max(copy.inherited);
+                        }
                         self.give_back(c, worker, Some(released));
                     }
                     self.copies[c].token = token;

@@ -934,7 +934,9 @@ impl Registry for EtcdRegistry {
                 }
                 None => return Ok(Some(RenewReply::Lost { holder: None })),
             };
-            Ok(held.then_some(RenewReply::Renewed))
+            Ok(held.then_some(RenewReply::Renewed {
+                inherited_unix_ms: marks.0.high_water_unix_ms,
+            }))
         })
     }
 

@@ -130,8 +130,9 @@ pub enum ClaimReply {
         /// (Unix ms), up to which a holder of the same token may have issued (this server
         /// before a restart of its worker, or a copy of it made with its memory that is
         /// still issuing under its fence). A clean release gives the next holder at least
-        /// this, so that a copy's release cannot hand the id to a third server below the
-        /// other copy's IDs (issue 37's review of the token rotation: 386,400 duplicates).
+        /// the mark before the holder's latest accepted write (this, or a renewal's), so
+        /// that a copy's release cannot hand the id to a third server below the other
+        /// copy's IDs (issue 37's review of the token rotation: 637,350 duplicates).
         inherited_unix_ms: Option<i64>,
     },
     /// The registry began recently (new, restarted, restored): free ids in this long.
@@ -164,8 +165,15 @@ pub enum ClaimReply {
 /// The registry's answer to a renewal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RenewReply {
-    /// Renewed; the cap is recorded.
-    Renewed,
+    /// Renewed; the cap is recorded. `inherited_unix_ms`: the id's high-water mark before
+    /// this renewal (see `ClaimReply::Granted`): it is at least every cap granted before,
+    /// those of a copy of this server made with its memory that was refused since included,
+    /// so a clean release no lower than it cannot hand the id to a third server below that
+    /// copy's last IDs.
+    Renewed {
+        /// Unix ms; None when the id has no mark.
+        inherited_unix_ms: Option<i64>,
+    },
     /// The id is no longer this server's (`holder`: who has it, if anyone).
     Lost {
         /// The other holder's token, or None if the claim is gone and may not be re-asserted.

@@ -168,7 +168,7 @@ SELECT worker_id, holder, floor_unix_ms, ttl_ms, high_water_unix_ms FROM {s}.sno
    AND expires_unix_ms OPERATOR(pg_catalog.>) $2::bigint";
 
 const PG_HOLDER: &str = "\
-SELECT holder FROM {s}.snowflake_claims \
+SELECT holder, high_water_unix_ms FROM {s}.snowflake_claims \
  WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer \
    AND holder IS NOT NULL AND expires_unix_ms OPERATOR(pg_catalog.>) $3::bigint";
 
@@ -1008,26 +1008,33 @@ impl Registry for PgRegistry {
             },
             RenewReply::Rejected,
             |tx, sql, now, born| {
-                let holder: Option<String> = tx
-                    .query_opt(
-                        &sql.holder,
-                        &[
-                            &i32::from(request.datacenter_id),
-                            &i32::from(worker_id),
-                            &now,
-                        ],
-                    )?
-                    .map(|r| r.get(0));
+                let row = tx.query_opt(
+                    &sql.holder,
+                    &[
+                        &i32::from(request.datacenter_id),
+                        &i32::from(worker_id),
+                        &now,
+                    ],
+                )?;
+                let holder: Option<String> = row.as_ref().map(|r| r.get(0));
+                let inherited_unix_ms: Option<i64> = row.as_ref().and_then(|r| r.get(1));
                 let reassert = reassert_known_born
                     .is_some_and(|known| request.timing().may_reassert(known, born, now));
                 Ok(match holder {
                     Some(h) if request.tokens.holds(&h) => {
                         pg_hold(tx, sql, request, worker_id, now, None)?;
-                        RenewReply::Renewed
+                        RenewReply::Renewed { inherited_unix_ms }
                     }
                     None if reassert => {
+                        // No live row: its mark (if any) is the id's, read beside it.
+                        let inherited_unix_ms = tx
+                            .query_opt(
+                                &sql.free_floor,
+                                &[&i32::from(request.datacenter_id), &i32::from(worker_id)],
+                            )?
+                            .and_then(|r| r.get::<_, Option<i64>>(0));
                         pg_hold(tx, sql, request, worker_id, now, Some(None))?;
-                        RenewReply::Renewed
+                        RenewReply::Renewed { inherited_unix_ms }
                     }
                     other => RenewReply::Lost { holder: other },
                 })

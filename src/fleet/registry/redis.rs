@@ -111,14 +111,15 @@ const REDIS_RENEW: &str = r#"
 local token = ARGV[4]
 local w = ARGV[13]
 local v = redis.call('GET', key('claim', w))
+local hw = redis.call('GET', key('high_water', w)) or ''
 if v and mine(v) then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
-  return {'renewed', now, born, rid}
+  return {'renewed', now, born, rid, hw}
 end
 local known = tonumber(ARGV[14])
 if (not v) and known and known ~= born and born + tonumber(ARGV[10]) > now then
   hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
-  return {'renewed', now, born, rid}
+  return {'renewed', now, born, rid, hw}
 end
 if v then return {'lost', now, born, rid, v} end
 return {'lost', now, born, rid}
@@ -693,7 +694,9 @@ impl Registry for RedisRegistry {
             ];
             let (word, rest, observed) = Self::invoke(con, epoch, &script, request, &extra)?;
             let reply = match word.as_str() {
-                "renewed" => RenewReply::Renewed,
+                "renewed" => RenewReply::Renewed {
+                    inherited_unix_ms: int_at(&rest, 0)?,
+                },
                 "lost" => RenewReply::Lost {
                     holder: match rest.first() {
                         Some(v @ redis::Value::BulkString(_)) => {
