@@ -918,8 +918,9 @@ class EtcdRegistry(HABase):
             [wa, wb], stopped_at, until, "etcd member SIGSTOP", slack_s=slack,
             broken_by="; ".join(broken) or None,
             detail=f"; leader m{victim} stopped {outage:.1f} s, new leader after "
-                   f"{elected_after} s (node connections per member {in_use} before, {moved} "
-                   f"meanwhile); writers resumed after {resumed} s")
+                   f"{'-' if elected_after is None else format(elected_after, '.2f')} s (node "
+                   f"connections per member {in_use} before, {moved} meanwhile); writers "
+                   f"resumed after {resumed} s")
         self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
         self.assert_no_duplicates(wa.got, wb.got)
 
