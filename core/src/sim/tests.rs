@@ -339,19 +339,24 @@ fn open_paths_are_still_open() {
     }
 }
 
-/// Searches every surviving space from seed `first`, `schedules` each; fails on a finding
-/// with its trace.
+/// Searches `space` with every rule in, from seed `first`, `schedules` schedules; fails on
+/// a finding with its trace, else prints the figures.
+fn assert_nothing_found(name: &str, space: &Space, first: u64, schedules: u64) {
+    let s = search(space, Fixes::ALL, first, schedules);
+    if let Some((seed, v)) = &s.found {
+        panic!(
+            "{name}: seed {seed}: {}\n{}",
+            v.what,
+            trace(space, Fixes::ALL, *seed)
+        );
+    }
+    println!("{name}: nothing found; {}", s.figures());
+}
+
+/// Searches every surviving space from seed `first`, `schedules` each.
 fn assert_the_rules_hold(first: u64, schedules: u64) {
     for (name, space) in surviving_spaces() {
-        let s = search(&space, Fixes::ALL, first, schedules);
-        if let Some((seed, v)) = &s.found {
-            panic!(
-                "{name}: seed {seed}: {}\n{}",
-                v.what,
-                trace(&space, Fixes::ALL, *seed)
-            );
-        }
-        println!("{name}: nothing found; {}", s.figures());
+        assert_nothing_found(name, &space, first, schedules);
     }
 }
 
@@ -480,13 +485,5 @@ fn explore_refused_ttl_memory() {
 fn explore_memory_copies_released() {
     let mut space = Space::new(3, 1, &[MemoryClone, Partition, ServerRestart, Freeze]);
     space.duration_ms = 60_000;
-    let s = search(&space, Fixes::ALL, 0, long_schedules());
-    if let Some((seed, v)) = &s.found {
-        panic!(
-            "seed {seed}: {}\n{}",
-            v.what,
-            trace(&space, Fixes::ALL, *seed)
-        );
-    }
-    println!("nothing found; {}", s.figures());
+    assert_nothing_found("memory copies released", &space, 0, long_schedules());
 }
