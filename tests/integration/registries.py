@@ -352,13 +352,14 @@ class EtcdCluster:
             raise AssertionError(f"etcdctl {args}: {r.stdout}{r.stderr}")
         return r
 
-    def status(self):
-        """{member index: endpoint status dict} for the members that answer."""
-        live = [i for i in range(self.n) if self.running(i)]
+    def status(self, members=None, timeout=4):
+        """{member index: endpoint status dict} for the members that answer, of `members`
+        (default: every running one), each asked for at most `timeout` s."""
+        live = [i for i in range(self.n) if self.running(i)] if members is None else members
         out = {}
         for i in live:  # one by one: a stopped member must not hide the others
             r = self.etcdctl("endpoint", "status", endpoints=self.endpoints([i]), check=False,
-                             json_out=True, timeout=4)
+                             json_out=True, timeout=timeout)
             if r.returncode == 0:
                 try:
                     out[i] = json.loads(r.stdout)[0]["Status"]

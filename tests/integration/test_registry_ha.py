@@ -23,7 +23,6 @@ chaos campaign takes 15 and the Patroni suite 17, and the four majors' suites ru
 """
 
 import grp
-import json
 import os
 import shutil
 import signal
@@ -272,16 +271,10 @@ class ElectionWatch(threading.Thread):
 
     def run(self):
         while not self.done.is_set() and self.elected_after is None:
-            for i in self.others:
-                r = self.etcd.etcdctl("endpoint", "status", endpoints=self.etcd.endpoints([i]),
-                                      check=False, json_out=True, timeout=2)
-                try:
-                    leader = json.loads(r.stdout)[0]["Status"].get("leader")
-                except (ValueError, KeyError, IndexError):
-                    continue
-                if leader in self.ids:
-                    self.elected_after = time.monotonic() - self.since
-                    return
+            status = self.etcd.status(self.others, timeout=2)
+            if any(st.get("leader") in self.ids for st in status.values()):
+                self.elected_after = time.monotonic() - self.since
+                return
             time.sleep(0.05)
 
     def stop(self):
