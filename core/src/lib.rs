@@ -8,6 +8,8 @@
 //! - [`durable`]: the records that make IDs survive crashes (state file, WAL lease, layout).
 //! - [`foreign`]: decoding other generators' layouts (Discord, Instagram, Sonyflake, ...).
 //! - [`claim`]: worker-id claims from a registry: timing, fences, clock checks.
+//! - [`protocol`]: the requests a holder sends a registry, and the replies.
+//! - [`holder`]: the registry worker's decisions, as a state machine (no I/O, no clock).
 //! - [`kvclaims`]: the claim records of a key-value registry (etcd), and its clock.
 //! - [`registry_uri`]: the registry URI forms the client libraries do not parse, `.pgpass`.
 //! - [`ratelimit`]: the limiter for server-wide WARNINGs.
@@ -20,8 +22,10 @@ pub mod durable;
 pub mod foreign;
 pub mod generator;
 pub mod history;
+pub mod holder;
 pub mod kvclaims;
 pub mod layout;
+pub mod protocol;
 pub mod ratelimit;
 pub mod registry_uri;
 pub mod secrets;

@@ -92,46 +92,6 @@ pub(crate) struct Runner {
     shutting_down: bool,
 }
 
-/// A request's owned copy, for the request thread.
-struct OwnedRequest {
-    datacenter_id: u8,
-    order: Vec<u8>,
-    tokens: RequestTokens,
-    ttl_ms: u64,
-    sent_unix_ms: i64,
-    cap_unix_ms: i64,
-    epoch_unix_ms: i64,
-    fleet_ttl_ms: u64,
-}
-
-impl OwnedRequest {
-    fn of(r: &ClaimRequest<'_>) -> Self {
-        OwnedRequest {
-            datacenter_id: r.datacenter_id,
-            order: r.order.to_vec(),
-            tokens: r.tokens.clone(),
-            ttl_ms: r.ttl_ms,
-            sent_unix_ms: r.sent_unix_ms,
-            cap_unix_ms: r.cap_unix_ms,
-            epoch_unix_ms: r.epoch_unix_ms,
-            fleet_ttl_ms: r.fleet_ttl_ms,
-        }
-    }
-
-    fn request(&self) -> ClaimRequest<'_> {
-        ClaimRequest {
-            datacenter_id: self.datacenter_id,
-            order: &self.order,
-            tokens: &self.tokens,
-            ttl_ms: self.ttl_ms,
-            sent_unix_ms: self.sent_unix_ms,
-            cap_unix_ms: self.cap_unix_ms,
-            epoch_unix_ms: self.epoch_unix_ms,
-            fleet_ttl_ms: self.fleet_ttl_ms,
-        }
-    }
-}
-
 impl Runner {
     /// Opens the client (no I/O but the password file) for the first request thread.
     pub(crate) fn open(uri: &str, options: &Options) -> registry::Result<Self> {
@@ -154,20 +114,20 @@ impl Runner {
 
     pub(crate) fn claim(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
     ) -> registry::Result<(ClaimReply, Observed)> {
-        let owned = OwnedRequest::of(request);
-        self.run(move |client| client.claim(&owned.request()))
+        let request = request.clone();
+        self.run(move |client| client.claim(&request))
     }
 
     pub(crate) fn renew(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         worker_id: u8,
         reassert_known_born: Option<i64>,
     ) -> registry::Result<(RenewReply, Observed)> {
-        let owned = OwnedRequest::of(request);
-        self.run(move |client| client.renew(&owned.request(), worker_id, reassert_known_born))
+        let request = request.clone();
+        self.run(move |client| client.renew(&request, worker_id, reassert_known_born))
     }
 
     pub(crate) fn release(

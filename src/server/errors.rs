@@ -679,21 +679,8 @@ pub fn mark_ahead(
         format!(
             "snowflake: worker id {worker_id} in datacenter {datacenter_id} of registry {registry} has a high-water mark ahead of this server's clock"
         ),
-        mark_ahead_detail(worker_id, floor_unix_ms, ahead_ms, usable_ms),
+        snowflake_core::holder::mark_ahead_detail(worker_id, floor_unix_ms, ahead_ms, usable_ms),
         "A server whose clock ran ahead, or a registry clock that stepped back, left the mark. This server claims another worker id meanwhile; check the fleet's clock synchronization.",
-    )
-}
-
-/// The DETAIL of [`mark_ahead`], also shown to callers while no other id can be claimed.
-pub fn mark_ahead_detail(
-    worker_id: u8,
-    floor_unix_ms: i64,
-    ahead_ms: i64,
-    usable_ms: i64,
-) -> String {
-    format!(
-        "IDs of worker id {worker_id} must start at {}, {ahead_ms} ms ahead of this server's clock; a caller would wait longer than snowflake.max_clock_drift + snowflake.max_clock_wait ({usable_ms} ms) for it.",
-        ms(floor_unix_ms)
     )
 }
 

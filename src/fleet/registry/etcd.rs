@@ -116,7 +116,7 @@ impl Clock {
 
     /// Judges a request's age on the safe side of the second: it is "ahead" only if ahead of
     /// the latest reading, "stale" only if stale at the earliest.
-    fn request_age(&self, request: &ClaimRequest<'_>) -> RequestAge {
+    fn request_age(&self, request: &ClaimRequest) -> RequestAge {
         let timing = request.timing();
         match (
             timing.request_age(request.sent_unix_ms, self.latest()),
@@ -513,7 +513,7 @@ impl EtcdRegistry {
 
     /// Reads the clock and a snapshot, beginning a new incarnation first when the fleet
     /// record is missing or the store went back, and checks the epoch and the request's age.
-    fn begin(&mut self, request: &ClaimRequest<'_>) -> Result<(Begun, Observed)> {
+    fn begin(&mut self, request: &ClaimRequest) -> Result<(Begun, Observed)> {
         let clock = self.clock()?;
         for _ in 0..ATTEMPTS {
             let (snapshot, revision) = self.snapshot(request.datacenter_id)?;
@@ -521,7 +521,7 @@ impl EtcdRegistry {
                 || self.own_write_lost(request.datacenter_id, &snapshot);
             match snapshot.fleet {
                 None => {
-                    let id = new_registry_id(request.tokens);
+                    let id = new_registry_id(&request.tokens);
                     self.begin_incarnation(request.epoch_unix_ms, clock.latest(), 0, id)?;
                     self.last_write = None;
                     continue;
@@ -531,7 +531,7 @@ impl EtcdRegistry {
                 {
                     let id = record
                         .registry_id
-                        .unwrap_or_else(|| new_registry_id(request.tokens));
+                        .unwrap_or_else(|| new_registry_id(&request.tokens));
                     self.begin_incarnation(request.epoch_unix_ms, clock.latest(), seen, id)?;
                     self.last_write = None;
                     continue;
@@ -575,7 +575,7 @@ impl EtcdRegistry {
     /// out but still took effect only makes a compare fail.
     fn step<R: StepReply>(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         mut decide: impl FnMut(&mut Self, Snapshot, FleetRecord, i64, &Observed) -> Result<Option<R>>,
     ) -> Result<(R, Observed)> {
         let began = std::time::Instant::now();
@@ -601,7 +601,7 @@ impl EtcdRegistry {
     /// One attempt of a step: None if its write raced another server's.
     fn attempt<R: StepReply>(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         decide: &mut impl FnMut(&mut Self, Snapshot, FleetRecord, i64, &Observed) -> Result<Option<R>>,
     ) -> Result<Option<(R, Observed)>> {
         let (begun, observed) = self.begin(request)?;
@@ -661,7 +661,7 @@ impl EtcdRegistry {
     #[allow(clippy::too_many_arguments)]
     fn hold(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         w: u8,
         claim: HoldClaim,
         fleet_seen: i64,
@@ -727,7 +727,7 @@ impl EtcdRegistry {
     /// Binds a new claim of `w` to a new lease; false if the snapshot changed.
     fn hold_new(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         w: u8,
         fleet_seen: i64,
         marks: (Marks, i64),
@@ -752,7 +752,7 @@ impl EtcdRegistry {
     /// the claim changed or its lease is gone.
     fn hold_existing(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         w: u8,
         claim: (i64, i64),
         fleet_seen: i64,
@@ -797,7 +797,7 @@ trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
 
 impl Registry for EtcdRegistry {
-    fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
+    fn claim(&mut self, request: &ClaimRequest) -> Result<(ClaimReply, Observed)> {
         self.step(request, |this, snapshot, record, fleet_seen, observed| {
             // A claim key older than the current incarnation may be one a restore brought
             // back after it had lapsed and gone to another server: it is not this server's
@@ -823,7 +823,7 @@ impl Registry for EtcdRegistry {
                 .claim_timing()
                 .settle_wait_ms(settle_start(&record), earliest);
             let choice =
-                claim::choose_worker(request.order, &holders, |t| request.tokens.holds(t), settle);
+                claim::choose_worker(&request.order, &holders, |t| request.tokens.holds(t), settle);
             // Nothing beside a holder whose claim_ttl is out of range (a renewal records it
             // in the marks; see claim::ttl_mismatch).
             if !matches!(choice, ClaimChoice::Settling(_)) {
@@ -886,7 +886,7 @@ impl Registry for EtcdRegistry {
 
     fn renew(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         worker_id: u8,
         reassert_known_born: Option<i64>,
     ) -> Result<(RenewReply, Observed)> {

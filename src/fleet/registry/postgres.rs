@@ -827,7 +827,7 @@ fn pg_registry_row(
 fn pg_hold(
     tx: &mut Tx<'_>,
     sql: &Statements,
-    request: &ClaimRequest<'_>,
+    request: &ClaimRequest,
     worker_id: u8,
     now: i64,
     floor: Option<Option<i64>>,
@@ -882,7 +882,7 @@ impl PgRegistry {
     /// Runs one step: the registry row, the epoch and the request's age checked first.
     fn step<R>(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         on_epoch: impl FnOnce(i64) -> Result<R>,
         on_rejected: impl FnOnce(RequestAge) -> R,
         f: impl FnOnce(&mut Tx<'_>, &Statements, i64, i64) -> Result<R>,
@@ -912,7 +912,7 @@ impl PgRegistry {
 }
 
 impl Registry for PgRegistry {
-    fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
+    fn claim(&mut self, request: &ClaimRequest) -> Result<(ClaimReply, Observed)> {
         self.step(
             request,
             |epoch| {
@@ -958,7 +958,7 @@ impl Registry for PgRegistry {
                 }
                 Ok(
                     match claim::choose_worker(
-                        request.order,
+                        &request.order,
                         &holders,
                         |t| request.tokens.holds(t),
                         settle,
@@ -995,7 +995,7 @@ impl Registry for PgRegistry {
 
     fn renew(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         worker_id: u8,
         reassert_known_born: Option<i64>,
     ) -> Result<(RenewReply, Observed)> {

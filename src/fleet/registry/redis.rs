@@ -390,7 +390,7 @@ impl RedisRegistry {
         con: &mut Bounded,
         sentinel_epoch: Option<i64>,
         script: &redis::Script,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         extra: &[String],
     ) -> Result<(String, Vec<redis::Value>, Observed)> {
         let mut incarnation = redis_incarnation(con)?;
@@ -624,7 +624,7 @@ fn rejected(word: &str) -> Option<RequestAge> {
 }
 
 impl Registry for RedisRegistry {
-    fn claim(&mut self, request: &ClaimRequest<'_>) -> Result<(ClaimReply, Observed)> {
+    fn claim(&mut self, request: &ClaimRequest) -> Result<(ClaimReply, Observed)> {
         let script = self.claim.clone();
         self.with(|con, epoch| {
             let (low, high) = request.timing().fleet_ttl_range_ms();
@@ -680,7 +680,7 @@ impl Registry for RedisRegistry {
 
     fn renew(
         &mut self,
-        request: &ClaimRequest<'_>,
+        request: &ClaimRequest,
         worker_id: u8,
         reassert_known_born: Option<i64>,
     ) -> Result<(RenewReply, Observed)> {

@@ -1,0 +1,944 @@
+//! The registry worker's decisions (issue 37), as a state machine: [`Holder`] takes the
+//! events of one claim or renewal (the step begins, the registry answers or the request
+//! fails, the claim file is written) and returns what to do, as [`Effect`]s and the
+//! [`Next`] request. It reads no clock, draws no random bytes and does no I/O: the worker
+//! (`src/fleet/mod.rs`) passes the time and a fresh token in, sends the requests, and
+//! applies the effects to shared memory, files and the log; the simulator
+//! (`crate::sim`) drives the same code in virtual time, under faults.
+//!
+//! One step, as the worker runs it:
+//! 1. [`Holder::begin`]: a fence that has run out ends the claim; the tokens for the request
+//!    are drawn and kept ([`Effect::KeepTokens`]); the claim or renewal to send.
+//! 2. [`Holder::on_reply`] with the reply (or the failure): the claim installed, renewed,
+//!    fenced or given back; for a grant, the claim file to write first ([`Next::Record`]).
+//! 3. [`Holder::on_recorded`], after that write: the grant used (or given back if the
+//!    write failed).
+//!
+//! At shutdown, [`Holder::release`] gives the claim back.
+
+use crate::claim::{
+    self, AfterFailure, ClaimStatus, ClaimTiming, ClaimTokens, ClockSample, Fence, Granted,
+    Quarantine, RegistrySeen, RequestAge, RequestTokens, SkewTooLarge,
+};
+use crate::durable::LastClaim;
+use crate::layout::MAX_WORKER_ID;
+use crate::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
+use crate::settings::format_unix_ms;
+
+/// This server's clocks when an event is handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// The wall clock (Unix ms).
+    pub unix_ms: i64,
+    /// The monotonic clock (ms).
+    pub mono_ms: u64,
+}
+
+/// What one worker's decisions depend on and never changes while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderSettings {
+    /// `snowflake.datacenter_id`.
+    pub datacenter_id: u8,
+    /// From `snowflake.claim_ttl`.
+    pub timing: ClaimTiming,
+    /// The fleet's epoch (Unix ms).
+    pub epoch_unix_ms: i64,
+    /// The registry URI without its password.
+    pub uri: String,
+    /// This server's host name and port, the end of each of its tokens.
+    pub node: String,
+}
+
+/// The rules of [`Holder`] that fixed earlier duplicate paths, each of which the simulator
+/// takes out to show that it finds that path again (it can see that kind of fault at all).
+/// The product always runs [`HolderRules::PRODUCT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HolderRules {
+    /// Issue 37: a holder whose fence has run out claims again instead of renewing (a
+    /// restore may have revived its claim after the id went to another server).
+    pub renew_only_within_fence: bool,
+    /// 0.5.0: a claim given back unused leaves the id's mark as it was (before, it was given
+    /// back with the clock that had just failed the skew check, which lowered the mark).
+    pub marks_only_rise: bool,
+    /// 0.5.0: a claim's floor includes the server's clock when the grant arrived.
+    pub floor_includes_clock: bool,
+    /// Issue 37: a server refused beside a longer `claim_ttl` remembers it, and its claims
+    /// settle for it ([`ClaimRequest::fleet_ttl_ms`]).
+    pub settle_for_refused_ttl: bool,
+    /// Issue 37: every grant and renewal writes a new token ([`ClaimTokens`]); without, a
+    /// server writes its postmaster's token for ever.
+    pub rotate_tokens: bool,
+    /// Issue 37: a clean release is no lower than the id's mark before the holder's latest
+    /// accepted write.
+    pub release_above_inherited: bool,
+}
+
+impl HolderRules {
+    /// Every rule in: the product.
+    pub const PRODUCT: HolderRules = HolderRules {
+        renew_only_within_fence: true,
+        marks_only_rise: true,
+        floor_includes_clock: true,
+        settle_for_refused_ttl: true,
+        rotate_tokens: true,
+        release_above_inherited: true,
+    };
+}
+
+/// What the worker does for the holder, in order. Nothing here blocks on the network but
+/// [`Effect::GiveBack`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Write the tokens to the token file, before the request that may write `next` is sent
+    /// (a failure costs only a restarted worker its claim).
+    KeepTokens(ClaimTokens),
+    /// Stop the generator at once: no fence, its lease revoked.
+    StopGenerator,
+    /// The claim of `worker_id` ended (a LOG line).
+    Fenced {
+        /// The id that was held.
+        worker_id: u8,
+        /// Why.
+        why: String,
+    },
+    /// Raise the generator's floor (Unix ms): IDs under the claim start there or later.
+    RaiseFloor(i64),
+    /// Hand the generator the pair and the fence.
+    Install {
+        /// The held id.
+        worker_id: u8,
+        /// What may be issued under it.
+        fence: Fence,
+    },
+    /// Give `worker_id` back to the registry (`released_unix_ms`: the next holder's floor;
+    /// None leaves the id's mark as it is, for a claim not used).
+    GiveBack {
+        /// The id.
+        worker_id: u8,
+        /// The tokens the registry may hold for this server.
+        tokens: RequestTokens,
+        /// The highest timestamp this server could have issued under the claim.
+        released_unix_ms: Option<i64>,
+    },
+    /// Publish the status for callers and `snowflake_stats()`.
+    Report {
+        /// The status.
+        status: ClaimStatus,
+        /// The held id (0 for none).
+        worker_id: u8,
+        /// The reason, for callers' DETAIL (empty when held).
+        why: String,
+        /// When the registry lets the claim go unless renewed (this server's clock; 0: none).
+        expires_unix_ms: i64,
+    },
+    /// A renewal failed while the fence holds: the reason only, the status stays.
+    NoteFailure(String),
+    /// A request failed with a cause other than the last one logged (a LOG line).
+    RequestFailed(String),
+    /// A grant is used (a LOG line).
+    Claimed {
+        /// The id.
+        worker_id: u8,
+        /// The claim was already this server's.
+        own: bool,
+        /// Where its IDs start (Unix ms).
+        floor_unix_ms: i64,
+    },
+    /// A grant was given back because its floor is too far ahead of the clock (a WARNING).
+    MarkAhead {
+        /// The id.
+        worker_id: u8,
+        /// Its floor (Unix ms).
+        floor_unix_ms: i64,
+        /// How far ahead of this server's clock (ms).
+        ahead_ms: i64,
+        /// How far ahead a floor may be (ms).
+        usable_ms: i64,
+    },
+    /// The registry began anew with a clock further behind than the settle covers (a
+    /// WARNING).
+    RegistryClockJumped {
+        /// Its clock's offset from this server's before (ms).
+        before_ms: i64,
+        /// And after.
+        after_ms: i64,
+        /// The jump the settle covers (ms).
+        allowed_ms: u64,
+    },
+    /// The claim file could not be written: the grant is given back (a WARNING).
+    ClaimFileFailed(String),
+}
+
+/// What comes after an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Begin the next step in this long (ms).
+    Wait(u64),
+    /// Send this claim, and pass its reply to [`Holder::on_reply`].
+    Claim(ClaimRequest),
+    /// Send this renewal of `worker_id`, and pass its reply to [`Holder::on_reply`].
+    Renew {
+        /// The request.
+        request: ClaimRequest,
+        /// The held id.
+        worker_id: u8,
+        /// Take the claim back if the registry lost it since this birth
+        /// ([`claim::may_reassert`]).
+        reassert_known_born: Option<i64>,
+    },
+    /// Write the claim file (durably), and pass the result to [`Holder::on_recorded`].
+    Record(LastClaim),
+}
+
+/// The result of one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// To apply, in order.
+    pub effects: Vec<Effect>,
+    /// Then this.
+    pub next: Next,
+}
+
+/// The registry's answer to the request in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// To a claim.
+    Claim(ClaimReply),
+    /// To a renewal.
+    Renew(RenewReply),
+}
+
+/// The request in flight.
+#[derive(Debug, Clone)]
+struct InFlight {
+    /// The fence the request grants if it succeeds.
+    fence: Fence,
+    /// The held id and its fence, for a renewal.
+    renewing: Option<(u8, Fence)>,
+    /// The timing its claim settles by.
+    claim_timing: ClaimTiming,
+    /// How far ahead of the clock a claim's floor may be (ms).
+    usable_lead_ms: i64,
+}
+
+/// A grant waiting for its claim file.
+#[derive(Debug, Clone)]
+struct Recording {
+    worker_id: u8,
+    own: bool,
+    floor_unix_ms: i64,
+    quarantine_ms: u64,
+    inherited_unix_ms: Option<i64>,
+    fence: Fence,
+    expires_unix_ms: i64,
+    last: LastClaim,
+}
+
+/// The registry worker's state.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    settings: HolderSettings,
+    rules: HolderRules,
+    /// The tokens the registry may hold for this server, and the next to write.
+    tokens: ClaimTokens,
+    /// The held worker id and its fence.
+    held: Option<(u8, Fence)>,
+    /// When the registry's incarnation began, as of its last answer to this server: a
+    /// renewal may take a claim back only if the registry lost its data since.
+    known_born_unix_ms: Option<i64>,
+    /// Where this server's IDs started under the current claim (Unix ms).
+    floor_unix_ms: i64,
+    /// The id's high-water mark before this server's latest accepted write (an own grant
+    /// or a renewal; Unix ms, `i64::MIN` for none), which a clean release gives the next
+    /// holder at least (see `RenewReply::Renewed`).
+    inherited_unix_ms: i64,
+    /// The worker id to ask for first.
+    preferred: Option<u8>,
+    /// The claim file as last written (or read at start): its floor outlives every restart.
+    recorded: Option<LastClaim>,
+    /// Worker ids given back because their floor was too far ahead of this server's clock,
+    /// with that floor: not asked for again until the clock nears it.
+    avoided: Vec<(u8, i64)>,
+    /// The cause of the last failed request logged (empty after a success): each new cause
+    /// is logged once.
+    last_failure: String,
+    /// A held claim not to be used before this monotonic time (ms): a grant from a store
+    /// whose restores give no sign ([`ClaimTiming::grant_quarantine_ms`]).
+    quarantine_until_mono_ms: Option<u64>,
+    /// The registry's incarnation (its birth) and its clock's offset from this server's, as
+    /// last seen: a new incarnation whose clock went back further than the settle covers is
+    /// reported ([`ClaimTiming::max_registry_clock_jump_ms`]).
+    registry_clock: Option<(i64, ClockSample)>,
+    /// The longest `claim_ttl` (ms) of another holder of the datacenter that a refusal
+    /// named (0: none): this server's claims settle for it (`ClaimRequest::fleet_ttl_ms`).
+    /// Kept in memory only: a restart forgets it.
+    fleet_ttl_ms: u64,
+    in_flight: Option<InFlight>,
+    recording: Option<Recording>,
+}
+
+impl Holder {
+    /// A worker starting. `postmaster` is this postmaster's own token; `token_file` and
+    /// `recorded` are the token file and the claim file as read. A token file of another
+    /// postmaster (a restart, a copy of the data directory) is not this server's.
+    pub fn start(
+        settings: HolderSettings,
+        rules: HolderRules,
+        postmaster: &str,
+        token_file: Option<ClaimTokens>,
+        recorded: Option<LastClaim>,
+    ) -> Holder {
+        let tokens = token_file
+            .filter(|t| t.postmaster == postmaster)
+            .unwrap_or_else(|| ClaimTokens::first(postmaster));
+        let preferred = recorded
+            .as_ref()
+            .filter(|c| c.datacenter_id == settings.datacenter_id)
+            .map(|c| c.worker_id);
+        Holder {
+            settings,
+            rules,
+            tokens,
+            held: None,
+            known_born_unix_ms: None,
+            floor_unix_ms: i64::MIN,
+            inherited_unix_ms: i64::MIN,
+            preferred,
+            recorded,
+            avoided: Vec::new(),
+            last_failure: String::new(),
+            quarantine_until_mono_ms: None,
+            registry_clock: None,
+            fleet_ttl_ms: 0,
+            in_flight: None,
+            recording: None,
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &HolderSettings {
+        &self.settings
+    }
+
+    /// The held id and its fence (held also while a grant's quarantine runs).
+    pub fn held(&self) -> Option<(u8, Fence)> {
+        self.held
+    }
+
+    /// The tokens.
+    pub fn tokens(&self) -> &ClaimTokens {
+        &self.tokens
+    }
+
+    /// Begins a step: a claim, or a renewal of the held id. `fresh` is a new random token
+    /// (None: no random bytes could be read); `usable_lead_ms` how far ahead of the clock a
+    /// claim's floor may be ([`ClaimTiming::usable_floor_lead_ms`]).
+    pub fn begin(&mut self, now: Now, fresh: Option<String>, usable_lead_ms: i64) -> Step {
+        let mut effects = Vec::new();
+        self.in_flight = None;
+        self.recording = None;
+        let timing = self.settings.timing;
+        let fence = timing.fence(now.unix_ms, now.mono_ms);
+        if let Some((worker_id, old)) = self.held {
+            if self.rules.renew_only_within_fence && old.expired(now.mono_ms) {
+                // Not renewed within its fence (this server was stopped, or cut off, with no
+                // failed renewal to notice): claim again instead. A renewal now could keep a
+                // claim that a restore of the registry brought back after the id had lapsed
+                // and gone to another server (issue 37's simulator).
+                self.fence(
+                    &mut effects,
+                    ClaimStatus::Fenced,
+                    &format!(
+                        "This server's claim of worker id {worker_id} was not renewed within its fence ({} ms): the server was stopped or cut off. It claims an id again.",
+                        timing.fence_reach_ms()
+                    ),
+                );
+            }
+        }
+        self.avoided
+            .retain(|(_, floor)| floor - now.unix_ms > usable_lead_ms);
+        let order: Vec<u8> =
+            claim::claim_order(self.held.map(|h| h.0).or(self.preferred), MAX_WORKER_ID)
+                .into_iter()
+                .filter(|w| !self.avoided.iter().any(|(a, _)| a == w))
+                .collect();
+        // A new token for this request (a renewal retried after a failure writes the same
+        // one), kept on disk before it is sent, so that a restart of the worker knows it.
+        let Some(fresh) = fresh else {
+            self.report(
+                &mut effects,
+                ClaimStatus::Unreachable,
+                "Could not read random bytes for a claim token.",
+                0,
+            );
+            return Step {
+                effects,
+                next: Next::Wait(timing.heartbeat_ms()),
+            };
+        };
+        let fresh = format!("{fresh}@{}", self.settings.node);
+        let tokens = match (self.rules.rotate_tokens, self.held) {
+            (false, _) => self.tokens.for_release(),
+            (true, Some(_)) => self.tokens.for_renewal(fresh),
+            (true, None) => self.tokens.for_claim(fresh),
+        };
+        effects.push(Effect::KeepTokens(self.tokens.clone()));
+        let request = ClaimRequest {
+            datacenter_id: self.settings.datacenter_id,
+            order,
+            tokens,
+            ttl_ms: timing.ttl_ms(),
+            sent_unix_ms: now.unix_ms,
+            cap_unix_ms: fence.cap_unix_ms,
+            epoch_unix_ms: self.settings.epoch_unix_ms,
+            fleet_ttl_ms: self.fleet_ttl_ms,
+        };
+        self.in_flight = Some(InFlight {
+            fence,
+            renewing: self.held,
+            claim_timing: request.claim_timing(),
+            usable_lead_ms,
+        });
+        let next = match self.held {
+            Some((worker_id, old)) => Next::Renew {
+                request,
+                worker_id,
+                // Ask to take the claim back, should the registry have lost it, only while
+                // the fence holds; the registry also checks that it really lost its data.
+                reassert_known_born: claim::may_reassert(old, now.mono_ms)
+                    .then_some(self.known_born_unix_ms)
+                    .flatten(),
+            },
+            None => Next::Claim(request),
+        };
+        Step { effects, next }
+    }
+
+    /// The registry's reply to the request in flight, or why the request failed.
+    pub fn on_reply(&mut self, reply: Result<(Reply, Observed), String>, now: Now) -> Step {
+        let mut effects = Vec::new();
+        let heartbeat = self.settings.timing.heartbeat_ms();
+        let Some(in_flight) = self.in_flight.take() else {
+            return Step {
+                effects,
+                next: Next::Wait(heartbeat),
+            };
+        };
+        let wait = match in_flight.renewing {
+            Some((worker_id, old)) => {
+                self.on_renewal(&mut effects, worker_id, old, &in_flight, reply, now)
+            }
+            None => match self.on_claim(&mut effects, &in_flight, reply, now) {
+                Ok(wait) => wait,
+                Err(last) => {
+                    return Step {
+                        effects,
+                        next: Next::Record(last),
+                    }
+                }
+            },
+        };
+        Step {
+            effects,
+            next: Next::Wait(wait),
+        }
+    }
+
+    fn retry_ms(&self) -> u64 {
+        (self.settings.timing.heartbeat_ms() / 2).max(100)
+    }
+
+    fn on_renewal(
+        &mut self,
+        effects: &mut Vec<Effect>,
+        worker_id: u8,
+        old: Fence,
+        in_flight: &InFlight,
+        reply: Result<(Reply, Observed), String>,
+        now: Now,
+    ) -> u64 {
+        let timing = self.settings.timing;
+        let heartbeat = timing.heartbeat_ms();
+        let retry = self.retry_ms();
+        let (reply, observed) = match reply {
+            Ok((Reply::Renew(reply), observed)) => (reply, observed),
+            Ok((Reply::Claim(_), _)) => {
+                self.failed_renewal(effects, old, now, "The registry answered a renewal as a claim.");
+                return retry;
+            }
+            Err(e) => {
+                self.log_failure(effects, &e);
+                self.failed_renewal(
+                    effects,
+                    old,
+                    now,
+                    &format!("Renewing the claim failed: {e}"),
+                );
+                return retry;
+            }
+        };
+        match reply {
+            RenewReply::Renewed { inherited_unix_ms } => {
+                self.tokens.confirmed();
+                if let Some(mark) = inherited_unix_ms {
+                    self.inherited_unix_ms = self.inherited_unix_ms.max(mark);
+                }
+                if let Err(skew) = claim::check_skew(&observed.sample, timing) {
+                    self.fence(effects, ClaimStatus::Refused, &skew_text(skew));
+                    return heartbeat;
+                }
+                self.known_born_unix_ms = Some(observed.born_unix_ms);
+                self.watch_registry_clock(effects, &observed);
+                self.install(effects, worker_id, in_flight.fence, now);
+                self.report_installed(effects, worker_id, expiry(&observed, timing), now)
+            }
+            RenewReply::Lost { holder } => {
+                let node = &self.settings.node;
+                let why = match holder {
+                    Some(h) if h.ends_with(&format!("@{node}")) => format!(
+                        "The registry holds worker id {worker_id} for another server with this server's host name and port ({node}): a copy of this server made with its memory (a cloned or reverted VM, a restored process snapshot) renewed the claim first, or this server's claim lapsed and it was given to such a copy."
+                    ),
+                    Some(h) => format!(
+                        "The registry gave worker id {worker_id} to {h} after this server's claim lapsed."
+                    ),
+                    None => format!(
+                        "The registry no longer has this server's claim of worker id {worker_id}, and cannot prove that it lost its data while the claim's fence held."
+                    ),
+                };
+                self.fence(effects, ClaimStatus::Fenced, &why);
+                // Claim again at once (another id, or the same once it is free).
+                1
+            }
+            RenewReply::Rejected(age) => {
+                if let Err(skew) = claim::check_skew(&observed.sample, timing) {
+                    self.fence(effects, ClaimStatus::Refused, &skew_text(skew));
+                    return heartbeat;
+                }
+                self.failed_renewal(effects, old, now, &rejected_text(age, &observed));
+                retry
+            }
+        }
+    }
+
+    /// A claim's reply: the wait before the next step, or (Err) the claim file to write
+    /// before a grant is used.
+    fn on_claim(
+        &mut self,
+        effects: &mut Vec<Effect>,
+        in_flight: &InFlight,
+        reply: Result<(Reply, Observed), String>,
+        now: Now,
+    ) -> Result<u64, LastClaim> {
+        let timing = self.settings.timing;
+        let heartbeat = timing.heartbeat_ms();
+        let retry = self.retry_ms();
+        let datacenter_id = self.settings.datacenter_id;
+        let (reply, observed) = match reply {
+            Ok((Reply::Claim(reply), observed)) => (reply, observed),
+            Ok((Reply::Renew(_), _)) => {
+                let why = "The registry answered a claim as a renewal.";
+                self.report(effects, ClaimStatus::Unreachable, why, 0);
+                return Ok(retry);
+            }
+            Err(e) => {
+                self.log_failure(effects, &e);
+                self.report(effects, ClaimStatus::Unreachable, &e, 0);
+                return Ok(retry);
+            }
+        };
+        match reply {
+            ClaimReply::Granted {
+                worker_id,
+                granted,
+                floor_unix_ms,
+                quarantine_ms,
+                inherited_unix_ms,
+            } => {
+                self.tokens.confirmed();
+                self.known_born_unix_ms = Some(observed.born_unix_ms);
+                self.watch_registry_clock(effects, &observed);
+                if let Err(skew) = claim::check_skew(&observed.sample, timing) {
+                    // Not used: give it back, leaving its mark as it was (before 0.5.0, with
+                    // the clock that had just failed the check).
+                    let value = (!self.rules.marks_only_rise).then_some(now.unix_ms);
+                    self.give_back(effects, worker_id, value);
+                    self.report(effects, ClaimStatus::Refused, &skew_text(skew), 0);
+                    return Ok(heartbeat);
+                }
+                let last_registry = self.recorded.as_ref().and_then(|r| r.registry.clone());
+                let uri = &self.settings.uri;
+                if claim::another_registry(last_registry.as_ref(), uri, observed.registry_id) {
+                    // Not used: give it back, leaving its mark as it was.
+                    self.give_back(effects, worker_id, None);
+                    let last = last_registry.map(|r| r.uri).unwrap_or_default();
+                    let why = format!(
+                        "This server last claimed worker ids from registry {last}; {uri} is another registry (another address and another id). Two registries serving one fleet each grant every worker id, so this server claims nothing from it until the whole fleet moves: see \"Moving a fleet to another registry\" in docs/fleets.md."
+                    );
+                    self.report(effects, ClaimStatus::Refused, &why, 0);
+                    return Ok(heartbeat);
+                }
+                let recorded = self
+                    .recorded
+                    .as_ref()
+                    .and_then(|r| r.floor_for(datacenter_id, worker_id));
+                let clock = if self.rules.floor_includes_clock {
+                    observed.sample.received_unix_ms
+                } else {
+                    i64::MIN
+                };
+                let floor = claim::claim_floor_unix_ms(floor_unix_ms, clock, recorded);
+                // The floor the registry and the claim file set must be near the clock; the
+                // quarantine's own term is not a mark (the clock reaches it as the quarantine
+                // runs out), so it is added after this check (else every etcd claim with a
+                // claim_ttl above about 11 s was given back for good: issue 37's review).
+                let ahead = floor.saturating_sub(now.unix_ms);
+                let usable = in_flight.usable_lead_ms;
+                if ahead > usable {
+                    self.give_back(effects, worker_id, None);
+                    self.avoided.push((worker_id, floor));
+                    effects.push(Effect::MarkAhead {
+                        worker_id,
+                        floor_unix_ms: floor,
+                        ahead_ms: ahead,
+                        usable_ms: usable,
+                    });
+                    let why = mark_ahead_detail(worker_id, floor, ahead, usable);
+                    self.report(effects, ClaimStatus::MarkAhead, &why, 0);
+                    // Try the other ids at once.
+                    return Ok(1);
+                }
+                // The floor is durable before the claim is used: no restart loses it. (Without
+                // a quarantine's term: a claim taken again after a crash restart in its
+                // quarantine is quarantined anew, later, and a recorded term would read as a
+                // mark ahead of the clock: issue 37's second review.)
+                let last = LastClaim {
+                    datacenter_id,
+                    worker_id,
+                    floor_unix_ms: Some(floor),
+                    registry: observed
+                        .registry_id
+                        .map(|id| RegistrySeen {
+                            uri: uri.clone(),
+                            id,
+                        })
+                        .or(last_registry),
+                };
+                self.recording = Some(Recording {
+                    worker_id,
+                    own: matches!(granted, Granted::Own),
+                    floor_unix_ms: floor,
+                    quarantine_ms,
+                    inherited_unix_ms,
+                    fence: in_flight.fence,
+                    expires_unix_ms: expiry(&observed, timing),
+                    last: last.clone(),
+                });
+                Err(last)
+            }
+            ClaimReply::Settling { wait_ms } => {
+                let settle_ms = in_flight.claim_timing.settle_ms();
+                self.known_born_unix_ms = Some(observed.born_unix_ms);
+                self.watch_registry_clock(effects, &observed);
+                let why = format!(
+                    "The registry grants free worker ids in {wait_ms} ms: it began less than {settle_ms} ms ago (new, restarted, crash-restarted, restored or failed over), and servers still holding claims renew them first."
+                );
+                self.report(effects, ClaimStatus::Settling, &why, 0);
+                Ok(wait_ms.clamp(10, heartbeat))
+            }
+            ClaimReply::Exhausted { taken } => {
+                // A waiter is who gets an id next: its view of the registry's clock must be
+                // fresh when the registry begins anew (its own clock may have moved since).
+                self.watch_registry_clock(effects, &observed);
+                match self.avoided.iter().min_by_key(|(_, floor)| *floor) {
+                    Some(&(worker_id, floor)) => {
+                        let why = mark_ahead_detail(
+                            worker_id,
+                            floor,
+                            floor.saturating_sub(now.unix_ms),
+                            in_flight.usable_lead_ms,
+                        );
+                        self.report(effects, ClaimStatus::MarkAhead, &why, 0);
+                    }
+                    None => {
+                        let why = format!(
+                            "All {taken} worker ids of datacenter {datacenter_id} are claimed by other servers."
+                        );
+                        self.report(effects, ClaimStatus::Exhausted, &why, 0);
+                    }
+                }
+                Ok(heartbeat)
+            }
+            ClaimReply::TtlMismatch {
+                others_min_ms,
+                others_max_ms,
+            } => {
+                // A refused server asks first once the registry lost its records: its view of
+                // the registry's clock must be fresh, like a waiter's.
+                self.watch_registry_clock(effects, &observed);
+                // After a loss of the registry's records this server settles (and, on etcd,
+                // waits out a grant's quarantine) for the longest claim_ttl it was refused
+                // beside, not its own.
+                if self.rules.settle_for_refused_ttl {
+                    self.fleet_ttl_ms = self.fleet_ttl_ms.max(others_max_ms);
+                }
+                let why = format!(
+                    "Servers holding worker ids of datacenter {datacenter_id} have snowflake.claim_ttl from {others_min_ms} ms to {others_max_ms} ms; this server's is {} ms. One datacenter's servers may differ by at most a fifth: after the registry loses its data, a server with a much shorter claim_ttl could be given an id that one with a longer claim_ttl still uses.",
+                    timing.ttl_ms()
+                );
+                self.report(effects, ClaimStatus::Refused, &why, 0);
+                Ok(heartbeat)
+            }
+            ClaimReply::EpochMismatch {
+                registry_epoch_unix_ms,
+            } => {
+                let epoch = self.settings.epoch_unix_ms;
+                let why = format!(
+                    "The registry's fleet uses epoch {} ({registry_epoch_unix_ms} ms); this server's snowflake.epoch is {} ({epoch} ms). One fleet must share one epoch.",
+                    format_unix_ms(registry_epoch_unix_ms),
+                    format_unix_ms(epoch),
+                );
+                self.report(effects, ClaimStatus::Refused, &why, 0);
+                Ok(heartbeat)
+            }
+            ClaimReply::Rejected(age) => {
+                match claim::check_skew(&observed.sample, timing) {
+                    Err(skew) => self.report(effects, ClaimStatus::Refused, &skew_text(skew), 0),
+                    Ok(()) => self.report(
+                        effects,
+                        ClaimStatus::Unreachable,
+                        &rejected_text(age, &observed),
+                        0,
+                    ),
+                }
+                Ok(retry)
+            }
+        }
+    }
+
+    /// The claim file of a grant was written (or not): the grant is used, or given back.
+    pub fn on_recorded(&mut self, written: Result<(), String>, now: Now) -> Step {
+        let mut effects = Vec::new();
+        let heartbeat = self.settings.timing.heartbeat_ms();
+        let Some(grant) = self.recording.take() else {
+            return Step {
+                effects,
+                next: Next::Wait(heartbeat),
+            };
+        };
+        if let Err(e) = written {
+            self.give_back(&mut effects, grant.worker_id, None);
+            let why = format!("could not write {}: {e}", crate::durable::CLAIM_FILE);
+            effects.push(Effect::ClaimFileFailed(why.clone()));
+            self.report(&mut effects, ClaimStatus::Refused, &why, 0);
+            return Step {
+                effects,
+                next: Next::Wait(heartbeat),
+            };
+        }
+        // A quarantined grant is used from its quarantine's end, counted from now, after its
+        // reply came (the step may have read the store well after it began: a request held
+        // up, a retry on another member; and the clock sample is taken before the step's
+        // reads, so it is not the reply's time: issue 37's second review), and its IDs start
+        // at or above that time on this server's clock, whatever the clock does meanwhile.
+        let quarantine = Quarantine::after_reply(grant.quarantine_ms, now.unix_ms, now.mono_ms);
+        let floor = quarantine.map_or(grant.floor_unix_ms, |q| {
+            grant.floor_unix_ms.max(q.first_id_unix_ms)
+        });
+        self.recorded = Some(grant.last);
+        self.preferred = Some(grant.worker_id);
+        self.inherited_unix_ms = grant.inherited_unix_ms.unwrap_or(i64::MIN);
+        effects.push(Effect::RaiseFloor(floor));
+        self.floor_unix_ms = floor;
+        self.quarantine_until_mono_ms = quarantine.map(|q| q.until_mono_ms);
+        self.install(&mut effects, grant.worker_id, grant.fence, now);
+        let wait = self.report_installed(&mut effects, grant.worker_id, grant.expires_unix_ms, now);
+        effects.push(Effect::Claimed {
+            worker_id: grant.worker_id,
+            own: grant.own,
+            floor_unix_ms: floor,
+        });
+        Step {
+            effects,
+            next: Next::Wait(wait),
+        }
+    }
+
+    /// At shutdown, once the generator is stopped: gives the claim back with the highest
+    /// timestamp this server could have issued (its generator's position and its durable
+    /// lease's end, never its clock), which the next holder (itself, after a restart) starts
+    /// above instead of the last cap.
+    pub fn release(&mut self, position_unix_ms: i64, lease_end_unix_ms: i64) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        self.in_flight = None;
+        self.recording = None;
+        let Some((worker_id, _)) = self.held else {
+            return effects;
+        };
+        let mut released =
+            claim::release_high_water(position_unix_ms, lease_end_unix_ms, self.floor_unix_ms);
+        if self.rules.release_above_inherited {
+            released = released.max(self.inherited_unix_ms);
+        }
+        self.give_back(&mut effects, worker_id, Some(released));
+        effects
+    }
+
+    /// Stops the generator and forgets the claim (the postmaster died: no release).
+    pub fn stop(&mut self, status: ClaimStatus, why: &str) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        self.in_flight = None;
+        self.recording = None;
+        self.fence(&mut effects, status, why);
+        effects
+    }
+
+    /// A renewal failed or was not acted on: keep issuing while the fence holds.
+    fn failed_renewal(&mut self, effects: &mut Vec<Effect>, old: Fence, now: Now, why: &str) {
+        match claim::after_failed_renewal(old, now.mono_ms) {
+            AfterFailure::Retry => effects.push(Effect::NoteFailure(why.to_string())),
+            AfterFailure::Fence => self.fence(effects, ClaimStatus::Fenced, why),
+        }
+    }
+
+    /// Reports a registry that began anew with a clock further behind its previous one than
+    /// the settle covers (issue 37: a registry restarted on another host, or failed over to
+    /// one, whose clock is behind, gave duplicates; each server passed its own clock check).
+    /// Only a server that saw both incarnations can tell; the settle covers smaller jumps.
+    fn watch_registry_clock(&mut self, effects: &mut Vec<Effect>, observed: &Observed) {
+        let previous = self
+            .registry_clock
+            .replace((observed.born_unix_ms, observed.sample));
+        let Some((born, before)) = previous else {
+            return;
+        };
+        if born == observed.born_unix_ms {
+            return;
+        }
+        let after = observed.sample;
+        let allowed = self.settings.timing.max_registry_clock_jump_ms();
+        if after.proven_registry_clock_back_ms(&before) > allowed as i64 {
+            effects.push(Effect::RegistryClockJumped {
+                before_ms: before.offset_ms(),
+                after_ms: after.offset_ms(),
+                allowed_ms: allowed,
+            });
+        }
+    }
+
+    /// The status after a claim or renewal succeeded; returns the wait before the next step
+    /// (sooner while a quarantine runs out).
+    fn report_installed(
+        &mut self,
+        effects: &mut Vec<Effect>,
+        worker_id: u8,
+        expires_unix_ms: i64,
+        now: Now,
+    ) -> u64 {
+        let heartbeat = self.settings.timing.heartbeat_ms();
+        match self.quarantine_until_mono_ms {
+            Some(until) => {
+                let left = until.saturating_sub(now.mono_ms);
+                let why = format!(
+                    "This server holds worker id {worker_id} and uses it in {left} ms: the registry (etcd) can be restored from a snapshot without a sign, which may have lost a claim of the same id made just before this one, whose holder could go on issuing until its fence ends."
+                );
+                self.report(effects, ClaimStatus::Settling, &why, expires_unix_ms);
+                left.clamp(1, heartbeat)
+            }
+            None => {
+                self.report(effects, ClaimStatus::Held, "", expires_unix_ms);
+                heartbeat
+            }
+        }
+    }
+
+    /// Holds `worker_id` under `fence`, and hands both to the generator unless a quarantine
+    /// still runs (the claim is only kept, and renewed, until it ends).
+    fn install(&mut self, effects: &mut Vec<Effect>, worker_id: u8, fence: Fence, now: Now) {
+        self.held = Some((worker_id, fence));
+        // A failure after this success is logged again, even with the same cause.
+        self.last_failure.clear();
+        if let Some(until) = self.quarantine_until_mono_ms {
+            if now.mono_ms < until {
+                return;
+            }
+            self.quarantine_until_mono_ms = None;
+        }
+        effects.push(Effect::Install { worker_id, fence });
+    }
+
+    /// Stops the generator at once and forgets the claim.
+    fn fence(&mut self, effects: &mut Vec<Effect>, status: ClaimStatus, why: &str) {
+        self.quarantine_until_mono_ms = None;
+        effects.push(Effect::StopGenerator);
+        if let Some((worker_id, _)) = self.held.take() {
+            effects.push(Effect::Fenced {
+                worker_id,
+                why: why.to_string(),
+            });
+        }
+        self.report(effects, status, why, 0);
+    }
+
+    /// A failed request's cause, logged once per change of cause.
+    fn log_failure(&mut self, effects: &mut Vec<Effect>, why: &str) {
+        if why != self.last_failure {
+            effects.push(Effect::RequestFailed(why.to_string()));
+            self.last_failure = why.to_string();
+        }
+    }
+
+    fn report(&self, effects: &mut Vec<Effect>, status: ClaimStatus, why: &str, expires: i64) {
+        effects.push(Effect::Report {
+            status,
+            worker_id: self.held.map_or(0, |h| h.0),
+            why: why.to_string(),
+            expires_unix_ms: expires,
+        });
+    }
+
+    fn give_back(&self, effects: &mut Vec<Effect>, worker_id: u8, released: Option<i64>) {
+        effects.push(Effect::GiveBack {
+            worker_id,
+            tokens: self.tokens.for_release(),
+            released_unix_ms: released,
+        });
+    }
+}
+
+/// When the registry lets the claim go unless renewed, on this server's clock.
+fn expiry(observed: &Observed, timing: ClaimTiming) -> i64 {
+    observed
+        .sample
+        .to_local_ms(observed.sample.registry_unix_ms)
+        + timing.ttl_ms() as i64
+}
+
+fn rejected_text(age: RequestAge, observed: &Observed) -> String {
+    let s = observed.sample;
+    match age {
+        RequestAge::Ahead | RequestAge::Fresh => format!(
+            "The registry did not act on the request: this server's clock read {} ms when it sent it, ahead of the registry's {} ms.",
+            s.sent_unix_ms, s.registry_unix_ms
+        ),
+        RequestAge::Stale => format!(
+            "The registry did not act on the request: it arrived {} ms after this server sent it, too late to be inside the claim's fence.",
+            s.registry_unix_ms - s.sent_unix_ms
+        ),
+    }
+}
+
+fn skew_text(skew: SkewTooLarge) -> String {
+    format!(
+        "This server's clock differs from the registry's by {} ms; at most {} ms (a fifth of snowflake.claim_ttl) is allowed, because the registry's safety after it loses data depends on it.",
+        skew.offset_ms, skew.max_ms
+    )
+}
+
+/// Why a granted id was given back, or why no id is usable while every other is taken: its
+/// floor is too far ahead of this server's clock.
+pub fn mark_ahead_detail(worker_id: u8, floor_unix_ms: i64, ahead_ms: i64, usable_ms: i64) -> String {
+    format!(
+        "IDs of worker id {worker_id} must start at {} ({floor_unix_ms} ms), {ahead_ms} ms ahead of this server's clock; a caller would wait longer than snowflake.max_clock_drift + snowflake.max_clock_wait ({usable_ms} ms) for it.",
+        format_unix_ms(floor_unix_ms)
+    )
+}
