@@ -89,9 +89,9 @@ impl HolderRules {
 /// [`Effect::GiveBack`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Write the tokens to the token file, before the request that may write `next` is sent
-    /// (a failure costs only a restarted worker its claim).
-    KeepTokens(ClaimTokens),
+    /// Write [`Holder::tokens`] to the token file, before the request that may write their
+    /// `next` is sent (a failure costs only a restarted worker its claim).
+    KeepTokens,
     /// Stop the generator at once: no fence, its lease revoked.
     StopGenerator,
     /// The claim of `worker_id` ended (a LOG line).
@@ -382,7 +382,7 @@ impl Holder {
             (true, Some(_)) => self.tokens.for_renewal(fresh),
             (true, None) => self.tokens.for_claim(fresh),
         };
-        effects.push(Effect::KeepTokens(self.tokens.clone()));
+        effects.push(Effect::KeepTokens);
         let request = ClaimRequest {
             datacenter_id: self.settings.datacenter_id,
             order,
@@ -463,7 +463,12 @@ impl Holder {
         let (reply, observed) = match reply {
             Ok((Reply::Renew(reply), observed)) => (reply, observed),
             Ok((Reply::Claim(_), _)) => {
-                self.failed_renewal(effects, old, now, "The registry answered a renewal as a claim.");
+                self.failed_renewal(
+                    effects,
+                    old,
+                    now,
+                    "The registry answered a renewal as a claim.",
+                );
                 return retry;
             }
             Err(e) => {
@@ -936,9 +941,496 @@ fn skew_text(skew: SkewTooLarge) -> String {
 
 /// Why a granted id was given back, or why no id is usable while every other is taken: its
 /// floor is too far ahead of this server's clock.
-pub fn mark_ahead_detail(worker_id: u8, floor_unix_ms: i64, ahead_ms: i64, usable_ms: i64) -> String {
+pub fn mark_ahead_detail(
+    worker_id: u8,
+    floor_unix_ms: i64,
+    ahead_ms: i64,
+    usable_ms: i64,
+) -> String {
     format!(
         "IDs of worker id {worker_id} must start at {} ({floor_unix_ms} ms), {ahead_ms} ms ahead of this server's clock; a caller would wait longer than snowflake.max_clock_drift + snowflake.max_clock_wait ({usable_ms} ms) for it.",
         format_unix_ms(floor_unix_ms)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const TTL: u64 = 10_000;
+    const LEAD: i64 = 11_000;
+    const T0: i64 = 1_800_000_000_000;
+
+    fn settings() -> HolderSettings {
+        HolderSettings {
+            datacenter_id: 1,
+            timing: ClaimTiming::new(TTL),
+            epoch_unix_ms: 0,
+            uri: "redis://registry".into(),
+            node: "host:5432".into(),
+        }
+    }
+
+    fn holder(recorded: Option<LastClaim>) -> Holder {
+        Holder::start(
+            settings(),
+            HolderRules::PRODUCT,
+            "pm@host:5432",
+            None,
+            recorded,
+        )
+    }
+
+    fn at(ms: i64) -> Now {
+        Now {
+            unix_ms: T0 + ms,
+            mono_ms: 1_000_000 + ms as u64,
+        }
+    }
+
+    /// A reply observed `offset_ms` off this server's clock, sent at `sent` and read at `now`.
+    fn observed(sent: Now, now: Now, offset_ms: i64) -> Observed {
+        Observed {
+            sample: ClockSample {
+                sent_unix_ms: sent.unix_ms,
+                received_unix_ms: now.unix_ms,
+                registry_unix_ms: now.unix_ms + offset_ms,
+                registry_resolution_ms: 0,
+            },
+            born_unix_ms: T0 - 60_000,
+            registry_id: Some(7),
+        }
+    }
+
+    fn granted(worker_id: u8, floor: Option<i64>, quarantine_ms: u64) -> Reply {
+        Reply::Claim(ClaimReply::Granted {
+            worker_id,
+            granted: Granted::Free,
+            floor_unix_ms: floor,
+            quarantine_ms,
+            inherited_unix_ms: None,
+        })
+    }
+
+    /// Claims `worker_id` from a fresh holder at time 0; returns the holder.
+    fn claimed(worker_id: u8) -> Holder {
+        let mut h = holder(None);
+        let step = h.begin(at(0), Some("a".into()), LEAD);
+        assert!(matches!(step.next, Next::Claim(_)));
+        let step = h.on_reply(
+            Ok((granted(worker_id, None, 0), observed(at(0), at(5), 0))),
+            at(5),
+        );
+        assert!(matches!(step.next, Next::Record(_)));
+        h.on_recorded(Ok(()), at(6));
+        assert_eq!(h.held().map(|h| h.0), Some(worker_id));
+        h
+    }
+
+    fn installs(effects: &[Effect]) -> Vec<(u8, Fence)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Install { worker_id, fence } => Some((*worker_id, *fence)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_claim_keeps_its_tokens_before_it_is_sent_and_asks_for_the_recorded_id_first() {
+        let recorded = LastClaim {
+            datacenter_id: 1,
+            worker_id: 9,
+            floor_unix_ms: Some(T0),
+            registry: None,
+        };
+        let mut h = holder(Some(recorded));
+        let step = h.begin(at(0), Some("abc".into()), LEAD);
+        assert_eq!(step.effects, vec![Effect::KeepTokens]);
+        let Next::Claim(request) = step.next else {
+            panic!("expected a claim: {:?}", step.next);
+        };
+        assert_eq!(request.order[0], 9);
+        assert_eq!(request.order.len(), usize::from(MAX_WORKER_ID) + 1);
+        assert_eq!(request.tokens.write, "abc@host:5432");
+        assert_eq!(h.tokens().next, "abc@host:5432");
+        assert_eq!(request.cap_unix_ms, T0 + 5_000);
+    }
+
+    #[test]
+    fn a_grant_is_recorded_before_it_is_installed_above_the_recorded_floor() {
+        let recorded = LastClaim {
+            datacenter_id: 1,
+            worker_id: 3,
+            floor_unix_ms: Some(T0 + 2_000),
+            registry: None,
+        };
+        let mut h = holder(Some(recorded));
+        h.begin(at(0), Some("a".into()), LEAD);
+        let step = h.on_reply(
+            Ok((granted(3, Some(T0 + 1_000), 0), observed(at(0), at(5), 0))),
+            at(5),
+        );
+        assert!(
+            installs(&step.effects).is_empty(),
+            "nothing used before the claim file"
+        );
+        let Next::Record(last) = step.next else {
+            panic!("expected the claim file: {:?}", step.next);
+        };
+        assert_eq!(last.floor_unix_ms, Some(T0 + 2_000));
+        assert_eq!(last.registry.as_ref().map(|r| r.id), Some(7));
+        let step = h.on_recorded(Ok(()), at(6));
+        let floor_at = step
+            .effects
+            .iter()
+            .position(|e| *e == Effect::RaiseFloor(T0 + 2_000));
+        let install_at = step
+            .effects
+            .iter()
+            .position(|e| matches!(e, Effect::Install { .. }));
+        assert!(
+            floor_at.unwrap() < install_at.unwrap(),
+            "{:?}",
+            step.effects
+        );
+        assert_eq!(step.next, Next::Wait(2_000));
+    }
+
+    #[test]
+    fn a_claim_file_that_cannot_be_written_gives_the_grant_back_unused() {
+        let mut h = holder(None);
+        h.begin(at(0), Some("a".into()), LEAD);
+        h.on_reply(Ok((granted(2, None, 0), observed(at(0), at(5), 0))), at(5));
+        let step = h.on_recorded(Err("disk full".into()), at(6));
+        assert!(installs(&step.effects).is_empty());
+        assert!(step.effects.iter().any(|e| matches!(
+            e,
+            Effect::GiveBack {
+                worker_id: 2,
+                released_unix_ms: None,
+                ..
+            }
+        )));
+        assert_eq!(h.held(), None);
+    }
+
+    #[test]
+    fn a_fence_that_ran_out_ends_the_claim_and_claims_again() {
+        let mut h = claimed(4);
+        // The fence reaches 5 s from the claim's send; the server was stopped past it.
+        let step = h.begin(at(6_000), Some("b".into()), LEAD);
+        assert_eq!(step.effects[0], Effect::StopGenerator);
+        assert!(matches!(
+            step.effects[1],
+            Effect::Fenced { worker_id: 4, .. }
+        ));
+        let Next::Claim(request) = step.next else {
+            panic!("expected a claim, not a renewal: {:?}", step.next);
+        };
+        assert_eq!(request.order[0], 4, "the same id is asked for first");
+    }
+
+    #[test]
+    fn a_failed_renewal_keeps_issuing_only_while_the_fence_holds() {
+        let mut h = claimed(4);
+        let step = h.begin(at(2_000), Some("b".into()), LEAD);
+        assert!(matches!(step.next, Next::Renew { worker_id: 4, .. }));
+        let step = h.on_reply(Err("timeout".into()), at(3_000));
+        assert!(step
+            .effects
+            .contains(&Effect::RequestFailed("timeout".into())));
+        assert_eq!(h.held().map(|h| h.0), Some(4));
+        // The same cause again is not logged again; past the fence, the claim ends.
+        h.begin(at(4_000), Some("c".into()), LEAD);
+        let step = h.on_reply(Err("timeout".into()), at(5_100));
+        assert!(!step
+            .effects
+            .contains(&Effect::RequestFailed("timeout".into())));
+        assert!(step.effects.contains(&Effect::StopGenerator));
+        assert_eq!(h.held(), None);
+    }
+
+    #[test]
+    fn a_retried_renewal_writes_the_token_it_drew_before() {
+        let mut h = claimed(4);
+        let Next::Renew { request, .. } = h.begin(at(2_000), Some("b".into()), LEAD).next else {
+            panic!("expected a renewal");
+        };
+        h.on_reply(Err("timeout".into()), at(3_000));
+        let Next::Renew { request: again, .. } = h.begin(at(3_100), Some("c".into()), LEAD).next
+        else {
+            panic!("expected a renewal");
+        };
+        assert_eq!(again.tokens.write, request.tokens.write);
+        assert!(again.tokens.held.contains(&"a@host:5432".to_string()));
+    }
+
+    #[test]
+    fn a_renewal_lost_to_a_memory_copy_says_so() {
+        let mut h = claimed(4);
+        h.begin(at(2_000), Some("b".into()), LEAD);
+        let lost = Reply::Renew(RenewReply::Lost {
+            holder: Some("zzz@host:5432".into()),
+        });
+        let step = h.on_reply(Ok((lost, observed(at(2_000), at(2_005), 0))), at(2_005));
+        let why = step
+            .effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::Fenced { why, .. } => Some(why.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(
+            why.contains("a copy of this server made with its memory"),
+            "{why}"
+        );
+        assert_eq!(step.next, Next::Wait(1));
+    }
+
+    #[test]
+    fn a_floor_far_ahead_is_given_back_and_avoided_until_the_clock_nears_it() {
+        let mut h = holder(None);
+        h.begin(at(0), Some("a".into()), LEAD);
+        let floor = T0 + 60_000;
+        let step = h.on_reply(
+            Ok((granted(0, Some(floor), 0), observed(at(0), at(5), 0))),
+            at(5),
+        );
+        assert_eq!(step.next, Next::Wait(1));
+        assert!(step
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::MarkAhead { worker_id: 0, .. })));
+        let Next::Claim(request) = h.begin(at(10), Some("b".into()), LEAD).next else {
+            panic!("expected a claim");
+        };
+        assert!(!request.order.contains(&0));
+        let Next::Claim(request) = h.begin(at(50_000), Some("c".into()), LEAD).next else {
+            panic!("expected a claim");
+        };
+        assert!(request.order.contains(&0));
+    }
+
+    #[test]
+    fn a_quarantined_grant_is_held_and_renewed_but_used_only_after_it() {
+        let mut h = holder(None);
+        h.begin(at(0), Some("a".into()), LEAD);
+        h.on_reply(
+            Ok((granted(5, None, 7_000), observed(at(0), at(5), 0))),
+            at(5),
+        );
+        let step = h.on_recorded(Ok(()), at(6));
+        assert!(installs(&step.effects).is_empty());
+        assert!(step.effects.contains(&Effect::RaiseFloor(T0 + 6 + 7_000)));
+        assert_eq!(step.next, Next::Wait(2_000));
+        let mut first_install = None;
+        for k in 1..=5 {
+            let t = 2_000 * k;
+            h.begin(at(t), Some(format!("r{k}")), LEAD);
+            let renewed = Reply::Renew(RenewReply::Renewed {
+                inherited_unix_ms: None,
+            });
+            let step = h.on_reply(Ok((renewed, observed(at(t), at(t + 5), 0))), at(t + 5));
+            if first_install.is_none() && !installs(&step.effects).is_empty() {
+                first_install = Some(t + 5);
+            }
+        }
+        assert_eq!(first_install, Some(8_005));
+    }
+
+    #[test]
+    fn another_registry_is_refused_and_the_grant_given_back() {
+        let recorded = LastClaim {
+            datacenter_id: 1,
+            worker_id: 3,
+            floor_unix_ms: Some(T0),
+            registry: Some(RegistrySeen {
+                uri: "redis://old".into(),
+                id: 99,
+            }),
+        };
+        let mut h = holder(Some(recorded));
+        h.begin(at(0), Some("a".into()), LEAD);
+        let step = h.on_reply(Ok((granted(3, None, 0), observed(at(0), at(5), 0))), at(5));
+        assert!(matches!(step.next, Next::Wait(_)));
+        assert!(step.effects.iter().any(|e| matches!(
+            e,
+            Effect::Report {
+                status: ClaimStatus::Refused,
+                ..
+            }
+        )));
+        assert!(step
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::GiveBack { .. })));
+    }
+
+    #[test]
+    fn a_release_is_no_lower_than_the_mark_inherited_at_the_latest_write() {
+        let mut h = claimed(4);
+        h.begin(at(2_000), Some("b".into()), LEAD);
+        let renewed = Reply::Renew(RenewReply::Renewed {
+            inherited_unix_ms: Some(T0 + 9_000),
+        });
+        h.on_reply(Ok((renewed, observed(at(2_000), at(2_005), 0))), at(2_005));
+        let effects = h.release(T0 + 2_500, T0 + 3_000);
+        assert!(matches!(
+            effects[..],
+            [Effect::GiveBack {
+                worker_id: 4,
+                released_unix_ms: Some(r),
+                ..
+            }] if r == T0 + 9_000
+        ));
+    }
+
+    #[test]
+    fn a_refusal_for_claim_ttl_makes_later_claims_settle_for_the_longer_one() {
+        let mut h = holder(None);
+        h.begin(at(0), Some("a".into()), LEAD);
+        let refused = Reply::Claim(ClaimReply::TtlMismatch {
+            others_min_ms: 30_000,
+            others_max_ms: 30_000,
+        });
+        h.on_reply(Ok((refused, observed(at(0), at(5), 0))), at(5));
+        let Next::Claim(request) = h.begin(at(2_000), Some("b".into()), LEAD).next else {
+            panic!("expected a claim");
+        };
+        assert_eq!(request.fleet_ttl_ms, 30_000);
+        assert_eq!(request.claim_timing().ttl_ms(), 30_000);
+    }
+
+    /// One event of a holder's life, for the property below.
+    #[derive(Debug, Clone)]
+    enum Event {
+        Begin,
+        Fail,
+        Granted {
+            worker: u8,
+            floor_ahead: i64,
+            quarantine_ms: u64,
+        },
+        Renewed {
+            mark_ahead: Option<i64>,
+        },
+        Lost,
+        Settling,
+        Skewed,
+        RecordFails,
+    }
+
+    fn event() -> impl Strategy<Value = (Event, u64)> {
+        let kind = prop_oneof![
+            3 => Just(Event::Begin),
+            1 => Just(Event::Fail),
+            2 => (0u8..4, -3_000i64..20_000, prop_oneof![Just(0u64), 1_000u64..15_000])
+                .prop_map(|(worker, floor_ahead, quarantine_ms)| Event::Granted {
+                    worker,
+                    floor_ahead,
+                    quarantine_ms
+                }),
+            3 => proptest::option::of(-5_000i64..5_000).prop_map(|m| Event::Renewed { mark_ahead: m }),
+            1 => Just(Event::Lost),
+            1 => Just(Event::Settling),
+            1 => Just(Event::Skewed),
+            1 => Just(Event::RecordFails),
+        ];
+        (kind, 0u64..4_000)
+    }
+
+    proptest! {
+        /// Whatever the registry answers and whenever: the generator is handed only the
+        /// claim the holder holds, under a fence of a request sent no earlier than the last
+        /// claim file's write for that id, only after a grant's floor was raised and its
+        /// quarantine has run out; and a release is no lower than any floor raised.
+        #[test]
+        fn the_generator_gets_only_what_the_rules_allow(events in proptest::collection::vec(event(), 1..60)) {
+            let mut h = holder(None);
+            let mut t: i64 = 0;
+            let mut sent: Option<Now> = None;
+            let mut replied: Option<Now> = None;
+            let mut recorded_worker: Option<u8> = None;
+            let mut floor_raised = i64::MIN;
+            let mut usable_from_mono: u64 = 0;
+            for (event, dt) in events {
+                t += dt as i64;
+                let now = at(t);
+                let grant_quarantine_ms = match event {
+                    Event::Granted { quarantine_ms, .. } => quarantine_ms,
+                    _ => 0,
+                };
+                let step = match event {
+                    Event::Begin => {
+                        let step = h.begin(now, Some(format!("t{t}")), LEAD);
+                        sent = matches!(step.next, Next::Claim(_) | Next::Renew { .. }).then_some(now);
+                        step
+                    }
+                    Event::RecordFails => h.on_recorded(Err("disk".into()), now),
+                    _ => {
+                        let Some(sent_at) = sent.take() else { continue };
+                        replied = Some(sent_at);
+                        let reply = match event {
+                            Event::Fail => Err("down".to_string()),
+                            Event::Granted { worker, floor_ahead, quarantine_ms } => Ok(granted(
+                                worker,
+                                Some(now.unix_ms + floor_ahead),
+                                quarantine_ms,
+                            )),
+                            Event::Renewed { mark_ahead } => Ok(Reply::Renew(RenewReply::Renewed {
+                                inherited_unix_ms: mark_ahead.map(|m| now.unix_ms + m),
+                            })),
+                            Event::Lost => Ok(Reply::Renew(RenewReply::Lost { holder: None })),
+                            Event::Settling => Ok(Reply::Claim(ClaimReply::Settling { wait_ms: 500 })),
+                            _ => Ok(Reply::Claim(ClaimReply::Rejected(RequestAge::Stale))),
+                        };
+                        let offset = if matches!(event, Event::Skewed) { 3_000 } else { 0 };
+                        let reply = reply.map(|r| (r, observed(sent_at, now, offset)));
+                        let mut step = h.on_reply(reply, now);
+                        if let Next::Record(last) = &step.next {
+                            recorded_worker = Some(last.worker_id);
+                            let more = h.on_recorded(Ok(()), now);
+                            step.effects.extend(more.effects);
+                        }
+                        step
+                    }
+                };
+                for effect in &step.effects {
+                    match effect {
+                        Effect::RaiseFloor(f) => {
+                            // Each grant raises the floor once, with its own quarantine.
+                            floor_raised = floor_raised.max(*f);
+                            usable_from_mono = now.mono_ms + grant_quarantine_ms;
+                        }
+                        Effect::Install { worker_id, fence } => {
+                            prop_assert_eq!(h.held(), Some((*worker_id, *fence)));
+                            prop_assert_eq!(recorded_worker, Some(*worker_id));
+                            prop_assert!(floor_raised > i64::MIN);
+                            prop_assert!(now.mono_ms >= usable_from_mono);
+                            // The fence of the request whose reply this is.
+                            let from = replied.expect("installed without a reply");
+                            prop_assert_eq!(*fence, settings().timing.fence(from.unix_ms, from.mono_ms));
+                        }
+                        Effect::GiveBack { released_unix_ms: Some(r), .. } => {
+                            prop_assert!(*r >= floor_raised);
+                        }
+                        _ => {}
+                    }
+                }
+                let installed = !installs(&step.effects).is_empty();
+                prop_assert!(h.held().is_some() || !installed);
+            }
+            if h.held().is_some() {
+                for effect in h.release(T0, T0) {
+                    if let Effect::GiveBack { released_unix_ms: Some(r), .. } = effect {
+                        prop_assert!(r >= h.floor_unix_ms);
+                    }
+                }
+            }
+        }
+    }
 }

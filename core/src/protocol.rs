@@ -130,4 +130,3 @@ pub struct Observed {
     /// identifier).
     pub registry_id: Option<u64>,
 }
-

@@ -25,7 +25,7 @@ use crate::server::errors;
 use crate::server::gucs;
 use crate::server::{data_dir, monotonic_ms, now_unix_ms};
 use runner::Runner;
-use snowflake_core::claim::{ClaimStatus, ClaimTokens, Fence};
+use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::durable;
 use snowflake_core::holder::{Effect, Holder, HolderRules, HolderSettings, Next, Now, Reply};
 use snowflake_core::layout::UnixMs;
@@ -247,7 +247,7 @@ impl Worker {
         let uri = self.holder.settings().uri.clone();
         for effect in effects {
             match effect {
-                Effect::KeepTokens(tokens) => self.keep_tokens(&tokens),
+                Effect::KeepTokens => self.keep_tokens(),
                 Effect::StopGenerator => {
                     let mut shared = shmem::GENERATOR.exclusive();
                     shared.fence = Fence::NONE;
@@ -263,11 +263,11 @@ impl Worker {
                     tokens,
                     released_unix_ms,
                 } => {
-                    if let Err(e) = client.release(datacenter_id, worker_id, &tokens, released_unix_ms)
+                    if let Err(e) =
+                        client.release(datacenter_id, worker_id, &tokens, released_unix_ms)
                     {
                         let ttl_ms = self.holder.settings().timing.ttl_ms();
-                        errors::release_failed(datacenter_id, worker_id, &uri, &e.0, ttl_ms)
-                            .warn();
+                        errors::release_failed(datacenter_id, worker_id, &uri, &e.0, ttl_ms).warn();
                     }
                 }
                 Effect::Report {
@@ -315,8 +315,8 @@ impl Worker {
     /// Keeps the tokens in the token file (before the request that writes the next one). A
     /// failure is reported once: it costs only a restarted worker its claim (it is given an
     /// id again), never a duplicate.
-    fn keep_tokens(&mut self, tokens: &ClaimTokens) {
-        match durable::write_claim_tokens(&data_dir(), tokens) {
+    fn keep_tokens(&mut self) {
+        match durable::write_claim_tokens(&data_dir(), self.holder.tokens()) {
             Ok(()) => self.token_file_failed = false,
             Err(e) if !self.token_file_failed => {
                 self.token_file_failed = true;

@@ -6,12 +6,15 @@
 //! each worker id. The invariant: no two copies ever use the same (worker id, millisecond),
 //! and each copy's timestamps only rise.
 //!
-//! The rules are the product's: the holder's step follows `Holder::step` (src/fleet/mod.rs)
-//! through the core's [`crate::claim`] functions, and the registry's steps follow the Redis
-//! scripts (src/fleet/registry/redis.rs), whose records every store keeps (docs/fleets.md).
+//! The rules are the product's: each server runs the registry worker's own decisions,
+//! [`crate::holder::Holder`], with the simulator in the worker's place (it passes the time
+//! and fresh tokens, delivers requests and replies, and carries out the effects on the
+//! copy's generator, token file and claim file); the registry's steps follow the Redis
+//! scripts (src/fleet/registry/redis.rs), whose records every store keeps (docs/fleets.md),
+//! through the core's [`crate::claim`] functions.
 //! Each fix of an earlier duplicate path is a switch in [`Fixes`]: with the switch off, the
 //! simulator must find that path again (see the tests), which shows it can see that kind of
-//! fault at all.
+//! fault at all. The holder's switches are the product's [`crate::holder::HolderRules`].
 //!
 //! Faults: registry restarts (empty, or from an older copy of its data, on the same host or
 //! on one whose clock differs), servers' crash restarts (token kept) and restarts (new token,

@@ -4,7 +4,13 @@
 use std::collections::BTreeMap;
 
 use super::rng::Rng;
-use crate::claim::{self, AfterFailure, ClaimChoice, ClaimTiming, ClockSample, Fence, RequestAge};
+use crate::claim::{
+    self, ClaimChoice, ClaimTiming, ClaimTokens, ClockSample, Fence, Granted, RequestAge,
+    RequestTokens,
+};
+use crate::durable::LastClaim;
+use crate::holder::{self, Effect, Holder, HolderRules, HolderSettings, Next, Now};
+use crate::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
 
 /// The fixes of earlier duplicate paths, each of which can be taken out to show that the
 /// simulator finds its path again. [`Fixes::ALL`] is the product.
@@ -69,6 +75,18 @@ pub struct Fixes {
 }
 
 impl Fixes {
+    /// The holder's share of the fixes ([`HolderRules`]).
+    fn holder_rules(self) -> HolderRules {
+        HolderRules {
+            renew_only_within_fence: self.renew_only_within_fence,
+            marks_only_rise: self.marks_only_rise,
+            floor_includes_clock: self.floor_includes_clock,
+            settle_for_refused_ttl: self.settle_for_refused_ttl,
+            rotate_tokens: self.rotate_tokens,
+            release_above_inherited: self.release_above_inherited,
+        }
+    }
+
     /// Every fix in: the rules as the product has them.
     pub const ALL: Fixes = Fixes {
         loss_begins_incarnation: true,
@@ -258,29 +276,42 @@ struct Registry {
     down_until: i64,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A request in the network: the holder's claims and renewals, and releases.
+#[derive(Debug, Clone)]
 enum Request {
-    Claim {
-        preferred: Option<u8>,
-        fleet_ttl_ms: u64,
-    },
+    Claim(ClaimRequest),
     Renew {
+        request: ClaimRequest,
         worker: u8,
         reassert: Option<i64>,
     },
     Release {
         worker: u8,
+        tokens: RequestTokens,
         released: Option<i64>,
     },
 }
 
+impl Request {
+    fn tokens(&self) -> &RequestTokens {
+        match self {
+            Request::Claim(request) | Request::Renew { request, .. } => &request.tokens,
+            Request::Release { tokens, .. } => tokens,
+        }
+    }
+}
+
+/// The registry's answer, as the simulated stores give it (turned into the clients'
+/// replies when the holder reads it).
 #[derive(Debug, Clone, Copy)]
 enum Reply {
     /// `inherited`: for an own claim, the id's high-water mark before it.
     Granted {
         worker: u8,
+        own: bool,
         floor: Option<i64>,
         inherited: Option<i64>,
+        quarantine_ms: u64,
     },
     Settling {
         wait_ms: u64,
@@ -298,30 +329,46 @@ enum Reply {
     Released,
 }
 
-/// A request's tokens, as `claim::RequestTokens`: those the registry may hold for the copy
-/// (the confirmed one and the recent ones; 0 for none), and the one the request writes.
+/// A request's tokens as numbers (the simulation's tokens are numbers, before the `@`):
+/// those the registry may hold for the copy (0: none), and the one the request writes.
 #[derive(Debug, Clone, Copy)]
 struct Tokens {
-    current: u64,
-    recent: [u64; claim::RECENT_TOKENS],
+    held: [u64; claim::RECENT_TOKENS + 1],
     write: u64,
 }
 
 impl Tokens {
+    fn of(tokens: &RequestTokens) -> Tokens {
+        let number = |t: &str| {
+            t.split('@')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let mut held = [0; claim::RECENT_TOKENS + 1];
+        for (slot, t) in held.iter_mut().zip(&tokens.held) {
+            *slot = number(t);
+        }
+        Tokens {
+            held,
+            write: number(&tokens.write),
+        }
+    }
+
     fn holds(&self, t: u64) -> bool {
-        t != 0 && (t == self.current || t == self.write || self.recent.contains(&t))
+        t != 0 && (t == self.write || self.held.contains(&t))
     }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Pending {
     id: u64,
-    request: Request,
-    sent_wall: i64,
-    /// The fence this request grants if it succeeds.
-    fence: Fence,
-    /// The reply, with the registry's clock when it answered, if it came while the copy was
-    /// frozen.
+    /// The copy's clock when it sent the request (Unix ms).
+    sent_unix_ms: i64,
+    /// A renewal (else a claim).
+    renewal: bool,
+    /// The reply, with the registry's clock when it answered and its birth, if it came while
+    /// the copy was frozen.
     reply: Option<(Reply, i64, i64)>,
 }
 
@@ -330,24 +377,22 @@ struct Copy {
     server: usize,
     /// The first copy of this server that this one descends from by memory clones.
     root: usize,
-    /// The claim token the registry holds, as far as this copy knows.
-    token: u64,
-    /// The token its next grant or renewal writes (`token` when none is drawn): kept in a
-    /// file, so a crash restart keeps it.
-    next_token: u64,
-    /// The tokens drawn last (a ring; 0: none), also kept in the file.
-    recent: [u64; claim::RECENT_TOKENS],
+    /// The registry worker's decisions: the product's [`Holder`].
+    holder: Holder,
+    /// The postmaster's own token (a restart draws another; a crash restart keeps it).
+    postmaster: String,
+    /// The token file and the claim file: they survive restarts.
+    token_file: Option<ClaimTokens>,
+    claim_file: Option<LastClaim>,
     timing: ClaimTiming,
     /// Wall clock minus true time.
     clock: i64,
     /// Monotonic clock minus true time.
     mono: i64,
-    held: Option<(u8, Fence)>,
-    known_born: Option<i64>,
+    /// The generator's claim: pair and fence, as the holder installed it.
+    generator: Option<(u8, Fence)>,
+    /// The generator's floor (raised by the holder).
     floor: i64,
-    preferred: Option<u8>,
-    /// The claim file: survives restarts.
-    recorded: Option<(u8, i64)>,
     /// The generator's position (last timestamp issued, Unix ms); durable.
     position: i64,
     pending: Option<Pending>,
@@ -362,13 +407,6 @@ struct Copy {
     busy: bool,
     /// The etcd client's memory (new at every restart of the registry worker).
     etcd: EtcdClient,
-    /// Monotonic time before which a quarantined grant issues nothing.
-    quarantine_until_mono: u64,
-    /// The longest `claim_ttl` a refusal named (0: none); forgotten at a restart.
-    fleet_ttl_ms: u64,
-    /// The id's high-water mark before the copy's latest accepted write (an own claim or a
-    /// renewal; `i64::MIN`: none), as `Holder::inherited_unix_ms`.
-    inherited: i64,
 }
 
 impl Copy {
@@ -378,6 +416,37 @@ impl Copy {
     fn mono(&self, t: i64) -> u64 {
         (t + self.mono) as u64
     }
+    fn now(&self, t: i64) -> Now {
+        Now {
+            unix_ms: self.wall(t),
+            mono_ms: self.mono(t),
+        }
+    }
+}
+
+/// A server's holder, as its registry worker starts.
+fn start_holder(
+    fixes: Fixes,
+    server: usize,
+    timing: ClaimTiming,
+    postmaster: &str,
+    token_file: Option<ClaimTokens>,
+    claim_file: Option<LastClaim>,
+) -> Holder {
+    let settings = HolderSettings {
+        datacenter_id: 0,
+        timing,
+        epoch_unix_ms: 0,
+        uri: "registry".into(),
+        node: format!("s{server}"),
+    };
+    Holder::start(
+        settings,
+        fixes.holder_rules(),
+        postmaster,
+        token_file,
+        claim_file,
+    )
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -438,8 +507,8 @@ struct Sim {
     events: BTreeMap<(i64, u64), Event>,
     copies: Vec<Copy>,
     registry: Registry,
-    /// Every request sent: (copy, request, sent wall clock, tokens, timing).
-    requests: BTreeMap<u64, (usize, Request, i64, Tokens, ClaimTiming)>,
+    /// Every request in the network, by the copy that sent it.
+    requests: BTreeMap<u64, (usize, Request)>,
     next_request: u64,
     /// The last token drawn (at restarts, and for each grant or renewal).
     tokens_drawn: u64,
@@ -474,20 +543,19 @@ impl Sim {
             let spread = (timing.max_skew_ms() as f64 * space.clock_spread) as i64
                 + space.registry_host_clock_ms;
             let clock = START_UNIX_MS + rng.spread(spread);
+            let postmaster = format!("{}@s{server}", server + 1);
             copies.push(Copy {
                 server,
                 root: server,
-                token: server as u64 + 1,
-                next_token: server as u64 + 1,
-                recent: [0; claim::RECENT_TOKENS],
+                holder: start_holder(fixes, server, timing, &postmaster, None, None),
+                postmaster,
+                token_file: None,
+                claim_file: None,
                 timing,
                 clock,
                 mono: 1_000_000 + rng.range(0, 1_000_000),
-                held: None,
-                known_born: None,
+                generator: None,
                 floor: i64::MIN,
-                preferred: None,
-                recorded: None,
                 position: i64::MIN,
                 pending: None,
                 frozen_until: 0,
@@ -497,9 +565,6 @@ impl Sim {
                 alive: true,
                 busy: true,
                 etcd: EtcdClient::default(),
-                quarantine_until_mono: 0,
-                fleet_ttl_ms: 0,
-                inherited: i64::MIN,
             });
         }
         let max_ttl = copies
@@ -619,23 +684,16 @@ impl Sim {
     fn advance(&mut self, c: usize) {
         let t = self.t;
         let copy = &self.copies[c];
-        let quarantined_until = copy.quarantine_until_mono as i64 - copy.mono;
         let from = copy
             .issued_upto
             .max(copy.frozen_until.min(t))
-            .max(copy.down_until.min(t))
-            .max(quarantined_until.min(t));
-        if !copy.alive
-            || !copy.busy
-            || quarantined_until >= t
-            || copy.frozen_until >= t
-            || copy.down_until >= t
-            || from >= t
+            .max(copy.down_until.min(t));
+        if !copy.alive || !copy.busy || copy.frozen_until >= t || copy.down_until >= t || from >= t
         {
             self.copies[c].issued_upto = t;
             return;
         }
-        let Some((worker, fence)) = copy.held else {
+        let Some((worker, fence)) = copy.generator else {
             self.copies[c].issued_upto = t;
             return;
         };
@@ -777,85 +835,56 @@ impl Sim {
         false
     }
 
+    /// The holder begins a step: a claim or a renewal (the product's `Holder::begin`).
     fn step(&mut self, c: usize) {
         if self.defer(c, Event::Step(c)) || self.copies[c].pending.is_some() {
             return;
         }
-        let t = self.t;
-        let copy = &self.copies[c];
-        let timing = copy.timing;
-        let wall = copy.wall(t);
-        let mono = copy.mono(t);
-        let fence = timing.fence(wall, mono);
-        if self.fixes.renew_only_within_fence && copy.held.is_some_and(|(_, old)| old.expired(mono))
-        {
-            self.fence_copy(c, "fence expired before the renewal");
-        }
-        let copy = &self.copies[c];
-        let request = match copy.held {
-            Some((worker, old)) => Request::Renew {
-                worker,
-                reassert: claim::may_reassert(old, mono)
-                    .then_some(copy.known_born)
-                    .flatten(),
+        self.tokens_drawn += 1;
+        let fresh = self.tokens_drawn.to_string();
+        let copy = &mut self.copies[c];
+        let now = copy.now(self.t);
+        let step = copy.holder.begin(now, Some(fresh), USABLE_FLOOR_LEAD_MS);
+        self.carry_out(c, step.effects);
+        let request = match step.next {
+            Next::Claim(request) => Request::Claim(request),
+            Next::Renew {
+                request,
+                worker_id,
+                reassert_known_born,
+            } => Request::Renew {
+                request,
+                worker: worker_id,
+                reassert: reassert_known_born,
             },
-            None => Request::Claim {
-                preferred: copy.preferred,
-                fleet_ttl_ms: copy.fleet_ttl_ms,
-            },
+            Next::Wait(ms) => return self.next_step(c, ms as i64),
+            Next::Record(_) => unreachable!("a step begins with a request or a wait"),
         };
-        self.send(c, request, wall, fence);
+        self.send(c, request);
     }
 
-    fn send(&mut self, c: usize, request: Request, sent_wall: i64, fence: Fence) {
+    fn send(&mut self, c: usize, request: Request) {
         let id = self.next_request;
         self.next_request += 1;
         let timing = self.copies[c].timing;
         let deadline = self.t + timing.heartbeat_ms() as i64;
-        let copy = &mut self.copies[c];
-        if !matches!(request, Request::Release { .. }) {
-            copy.pending = Some(Pending {
+        let sent = match &request {
+            Request::Claim(claim) => Some((claim.sent_unix_ms, false)),
+            Request::Renew { request, .. } => Some((request.sent_unix_ms, true)),
+            Request::Release { .. } => None,
+        };
+        if let Some((sent_unix_ms, renewal)) = sent {
+            self.copies[c].pending = Some(Pending {
                 id,
-                request,
-                sent_wall,
-                fence,
+                sent_unix_ms,
+                renewal,
                 reply: None,
             });
             self.at(deadline, Event::Deadline { copy: c, id });
         }
-        // As `ClaimTokens`: a claim writes a token drawn for it; a renewal too, unless one a
-        // renewal drew may have been written (it is written again).
-        if self.fixes.rotate_tokens {
-            let copy = &self.copies[c];
-            let draw = match request {
-                Request::Claim { .. } => true,
-                Request::Renew { .. } => copy.next_token == copy.token,
-                Request::Release { .. } => false,
-            };
-            if draw {
-                self.tokens_drawn += 1;
-                let fresh = self.tokens_drawn;
-                let copy = &mut self.copies[c];
-                copy.next_token = fresh;
-                copy.recent.rotate_left(1);
-                copy.recent[claim::RECENT_TOKENS - 1] = fresh;
-            }
-        }
-        let copy = &self.copies[c];
-        let tokens = Tokens {
-            current: copy.token,
-            recent: copy.recent,
-            write: copy.next_token,
-        };
-        self.requests
-            .insert(id, (c, request, sent_wall, tokens, timing));
-        self.note(|| {
-            format!(
-                "copy {c} sends {request:?} (wall {sent_wall}, cap {})",
-                fence.cap_unix_ms
-            )
-        });
+        self.note(|| format!("copy {c} sends {request:?}"));
         if let Some(delay) = self.delay(c) {
+            self.requests.insert(id, (c, request));
             let t = self.t + delay;
             self.at(t, Event::Arrive { copy: c, id });
         }
@@ -876,14 +905,15 @@ impl Sim {
     }
 
     fn arrive(&mut self, c: usize, id: u64) {
+        // Each request arrives once, and is lost if the registry is down.
+        let Some((_, request)) = self.requests.remove(&id) else {
+            return;
+        };
         if self.registry.down_until > self.t {
             return;
         }
-        let Some(&(_, request, sent_wall, tokens, timing)) = self.requests.get(&id) else {
-            return;
-        };
         let now = self.t + self.registry.offset;
-        let (reply, born) = self.registry_step(c, request, tokens, timing, sent_wall, now);
+        let (reply, born) = self.registry_step(c, &request, now);
         self.note(|| format!("registry (clock {now}, born {born}) answers copy {c}: {reply:?}"));
         if let Reply::Granted { .. } = reply {
             self.outcome.grants += 1;
@@ -907,15 +937,7 @@ impl Sim {
     /// One registry step: the Redis scripts' for [`Store::Redis`], the etcd client's for
     /// [`Store::Etcd`] (which reads a snapshot, decides and writes in one transaction: taken
     /// here as one atomic step, as its compare-and-swap makes it).
-    fn registry_step(
-        &mut self,
-        c: usize,
-        request: Request,
-        tokens: Tokens,
-        timing: ClaimTiming,
-        sent: i64,
-        now: i64,
-    ) -> (Reply, i64) {
+    fn registry_step(&mut self, c: usize, request: &Request, now: i64) -> (Reply, i64) {
         let fixes = self.fixes;
         let run = self.registry.run;
         let etcd = self.space.store == Store::Etcd;
@@ -945,9 +967,6 @@ impl Sim {
             etcd,
             client,
             request,
-            tokens,
-            timing,
-            sent,
             (now, self.t),
             born,
             fleet_revision,
@@ -963,10 +982,7 @@ impl Sim {
         fixes: Fixes,
         etcd: bool,
         mut client: EtcdClient,
-        request: Request,
-        tokens: Tokens,
-        timing: ClaimTiming,
-        sent: i64,
+        request: &Request,
         (now, client_clock): (i64, i64),
         born: i64,
         fleet_revision: u64,
@@ -983,9 +999,13 @@ impl Sim {
         };
         // This copy's tokens: those the registry may hold for it, and the one this request
         // writes (all one without `rotate_tokens`).
+        let tokens = Tokens::of(request.tokens());
         let mine = |t: u64| tokens.holds(t);
         let token = tokens.write;
-        if let Request::Release { worker, released } = request {
+        if let &Request::Release {
+            worker, released, ..
+        } = request
+        {
             if holder_of(data, worker).is_some_and(|h| mine(h.0)) {
                 data.claims.remove(&worker);
                 data.revision += 1;
@@ -1005,6 +1025,11 @@ impl Sim {
             }
             return (Reply::Released, client);
         }
+        let (Request::Claim(claim) | Request::Renew { request: claim, .. }) = request else {
+            unreachable!("releases are handled above");
+        };
+        let timing = claim.timing();
+        let sent = claim.sent_unix_ms;
         if fixes.request_age && timing.request_age(sent, now) != RequestAge::Fresh {
             return (Reply::Rejected, client);
         }
@@ -1031,10 +1056,8 @@ impl Sim {
             client.last_write = Some((worker, data.revision));
         };
         match request {
-            Request::Claim {
-                preferred,
-                fleet_ttl_ms,
-            } => {
+            Request::Claim(claim) => {
+                let fleet_ttl_ms = claim.fleet_ttl_ms;
                 let settle =
                     settle_wait(fixes, claim_timing(fixes, timing, fleet_ttl_ms), born, now);
                 let holders: Vec<(u8, String)> = (0..worker_ids)
@@ -1059,7 +1082,12 @@ impl Sim {
                         client.seen_free = None;
                     }
                 }
-                let order = claim::claim_order(preferred, worker_ids - 1);
+                let order: Vec<u8> = claim
+                    .order
+                    .iter()
+                    .copied()
+                    .filter(|w| *w < worker_ids)
+                    .collect();
                 let mine_text = |t: &str| t.parse().is_ok_and(mine);
                 let mut choice = claim::choose_worker(&order, &holder_refs, mine_text, settle);
                 if fixes.refuse_ttl_out_of_ratio && settle == 0 {
@@ -1109,6 +1137,13 @@ impl Sim {
                         }
                     }
                 }
+                // etcd: every grant comes with a quarantine (the client's, from the request).
+                let quarantine_ms = if etcd && fixes.etcd_grant_quarantine {
+                    claim_timing(fixes, timing, fleet_ttl_ms)
+                        .grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64)
+                } else {
+                    0
+                };
                 match choice {
                     ClaimChoice::Own(w) => {
                         let inherited = data.high_water.get(&w).copied();
@@ -1120,8 +1155,10 @@ impl Sim {
                         };
                         let reply = Reply::Granted {
                             worker: w,
+                            own: true,
                             floor,
                             inherited,
+                            quarantine_ms,
                         };
                         (reply, client)
                     }
@@ -1135,8 +1172,10 @@ impl Sim {
                         };
                         let reply = Reply::Granted {
                             worker: w,
+                            own: false,
                             floor,
                             inherited: None,
+                            quarantine_ms,
                         };
                         (reply, client)
                     }
@@ -1144,7 +1183,9 @@ impl Sim {
                     ClaimChoice::Exhausted(_) => (Reply::Exhausted, client),
                 }
             }
-            Request::Renew { worker, reassert } => {
+            &Request::Renew {
+                worker, reassert, ..
+            } => {
                 let holder = holder_of(data, worker);
                 let inherited = data.high_water.get(&worker).copied();
                 if holder.is_some_and(|(t, from_before)| mine(t) && !from_before) {
@@ -1200,159 +1241,132 @@ impl Sim {
         self.apply(c, pending, pending.reply);
     }
 
-    /// The holder's handling of a reply (None: the request failed), as `Holder::step`.
+    /// The holder reads a reply (None: the request failed): the product's
+    /// `Holder::on_reply`, then `Holder::on_recorded` for a grant (the claim file is written).
     fn apply(&mut self, c: usize, pending: Pending, answer: Option<(Reply, i64, i64)>) {
         self.copies[c].pending = None;
         let t = self.t;
-        let timing = self.copies[c].timing;
-        let heartbeat = timing.heartbeat_ms() as i64;
-        let retry = (heartbeat / 2).max(100);
-        let wall = self.copies[c].wall(t);
-        let sample = |registry_now: i64| ClockSample {
-            sent_unix_ms: pending.sent_wall,
-            received_unix_ms: wall,
-            registry_unix_ms: registry_now,
-            registry_resolution_ms: 0,
-        };
-        let fence = pending.fence;
-        let next = match (pending.request, answer) {
-            (Request::Renew { worker, .. }, Some((Reply::Renewed { inherited }, now, born))) => {
-                self.tokens_confirmed(c);
-                if let Some(mark) = inherited {
-                    let copy = &mut self.copies[c];
-                    copy.inherited = copy.inherited.max(mark);
-                }
-                if claim::check_skew(&sample(now), timing).is_err() {
-                    self.fence_copy(c, "skew");
-                } else {
-                    self.copies[c].known_born = Some(born);
-                    self.install(c, worker, fence);
-                }
-                heartbeat
-            }
-            (Request::Renew { .. }, Some((Reply::Lost, _, _))) => {
-                self.fence_copy(c, "lost");
-                1
-            }
-            (Request::Renew { .. }, Some((Reply::Rejected, now, _))) => {
-                if claim::check_skew(&sample(now), timing).is_err() {
-                    self.fence_copy(c, "skew");
-                } else {
-                    self.failed_renewal(c);
-                }
-                retry
-            }
-            (Request::Renew { .. }, _) => {
-                self.failed_renewal(c);
-                retry
-            }
-            (
-                Request::Claim { .. },
-                Some((
-                    Reply::Granted {
-                        worker,
-                        floor,
-                        inherited,
+        let now = self.copies[c].now(t);
+        let reply = match answer {
+            None => Err("no reply before the deadline".to_string()),
+            Some((reply, at, born)) => {
+                let observed = Observed {
+                    sample: ClockSample {
+                        sent_unix_ms: pending.sent_unix_ms,
+                        received_unix_ms: now.unix_ms,
+                        registry_unix_ms: at,
+                        registry_resolution_ms: 0,
                     },
-                    now,
-                    born,
-                )),
-            ) => {
-                self.tokens_confirmed(c);
-                self.copies[c].known_born = Some(born);
-                if claim::check_skew(&sample(now), timing).is_err() {
-                    // Before 0.5.0, an unused claim was given back with a value from the
-                    // clock that had just failed the check.
-                    let value = (!self.fixes.marks_only_rise).then_some(wall);
-                    self.give_back(c, worker, value);
-                    return self.next_step(c, heartbeat);
-                }
-                let recorded = self.copies[c]
-                    .recorded
-                    .filter(|(w, _)| *w == worker)
-                    .map(|(_, f)| f);
-                let clock = if self.fixes.floor_includes_clock {
-                    wall
-                } else {
-                    i64::MIN
+                    born_unix_ms: born,
+                    registry_id: Some(1),
                 };
-                let mut new_floor = claim::claim_floor_unix_ms(floor, clock, recorded);
-                if new_floor.saturating_sub(wall) > USABLE_FLOOR_LEAD_MS {
-                    self.give_back(c, worker, None);
-                    return self.next_step(c, heartbeat);
-                }
-                if self.fixes.etcd_grant_quarantine && self.space.store == Store::Etcd {
-                    let quarantine = claim::Quarantine::after_reply(
-                        claim_timing(self.fixes, timing, self.copies[c].fleet_ttl_ms)
-                            .grant_quarantine_ms(crate::kvclaims::HTTP_DATE_RESOLUTION_MS as u64),
-                        wall,
-                        self.copies[c].mono(t),
-                    );
-                    if let Some(q) = quarantine {
-                        self.copies[c].quarantine_until_mono = q.until_mono_ms;
-                        new_floor = new_floor.max(q.first_id_unix_ms);
-                    }
-                }
-                let copy = &mut self.copies[c];
-                copy.inherited = inherited.unwrap_or(i64::MIN);
-                copy.recorded = Some((worker, new_floor));
-                copy.preferred = Some(worker);
-                // The floor is in memory (and in the claim file); the position moves only
-                // when IDs are issued.
-                copy.floor = copy.floor.max(new_floor);
-                self.install(c, worker, fence);
-                self.note(|| format!("copy {c} holds worker {worker} from {new_floor}"));
-                heartbeat
+                Ok((self.client_reply(reply, pending.renewal), observed))
             }
-            (Request::Claim { .. }, Some((Reply::Settling { wait_ms }, _, born))) => {
-                self.copies[c].known_born = Some(born);
-                (wait_ms as i64).clamp(10, heartbeat)
-            }
-            (Request::Claim { .. }, Some((Reply::Exhausted, _, _))) => heartbeat,
-            (Request::Claim { .. }, Some((Reply::Refused { others_max_ms }, _, _))) => {
-                let copy = &mut self.copies[c];
-                copy.fleet_ttl_ms = copy.fleet_ttl_ms.max(others_max_ms);
-                heartbeat
-            }
-            (Request::Claim { .. }, _) => retry,
-            (Request::Release { .. }, _) => return,
         };
-        self.next_step(c, next);
+        let step = self.copies[c].holder.on_reply(reply, now);
+        self.carry_out(c, step.effects);
+        let wait = match step.next {
+            Next::Wait(ms) => ms,
+            Next::Record(last) => {
+                self.copies[c].claim_file = Some(last);
+                let step = self.copies[c].holder.on_recorded(Ok(()), now);
+                self.carry_out(c, step.effects);
+                match step.next {
+                    Next::Wait(ms) => ms,
+                    _ => unreachable!("a recorded grant is followed by a wait"),
+                }
+            }
+            Next::Claim(_) | Next::Renew { .. } => unreachable!("a reply is followed by a wait"),
+        };
+        self.next_step(c, wait as i64);
+    }
+
+    /// The simulated store's reply as the registry clients give it.
+    fn client_reply(&self, reply: Reply, renewal: bool) -> holder::Reply {
+        let age = RequestAge::Stale;
+        match reply {
+            Reply::Granted {
+                worker,
+                own,
+                floor,
+                inherited,
+                quarantine_ms,
+            } => holder::Reply::Claim(ClaimReply::Granted {
+                worker_id: worker,
+                granted: if own { Granted::Own } else { Granted::Free },
+                floor_unix_ms: floor,
+                quarantine_ms,
+                inherited_unix_ms: inherited,
+            }),
+            Reply::Settling { wait_ms } => holder::Reply::Claim(ClaimReply::Settling { wait_ms }),
+            Reply::Exhausted => holder::Reply::Claim(ClaimReply::Exhausted {
+                taken: u32::from(self.space.worker_ids),
+            }),
+            Reply::Refused { others_max_ms } => holder::Reply::Claim(ClaimReply::TtlMismatch {
+                others_min_ms: others_max_ms,
+                others_max_ms,
+            }),
+            Reply::Renewed { inherited } => holder::Reply::Renew(RenewReply::Renewed {
+                inherited_unix_ms: inherited,
+            }),
+            Reply::Lost => holder::Reply::Renew(RenewReply::Lost { holder: None }),
+            Reply::Rejected if renewal => holder::Reply::Renew(RenewReply::Rejected(age)),
+            Reply::Rejected | Reply::Released => holder::Reply::Claim(ClaimReply::Rejected(age)),
+        }
+    }
+
+    /// Carries out the holder's effects on the copy (the worker's `apply`): the generator's
+    /// claim and floor, the token file, releases; the rest is only traced.
+    fn carry_out(&mut self, c: usize, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::KeepTokens => {
+                    let copy = &mut self.copies[c];
+                    copy.token_file = Some(copy.holder.tokens().clone());
+                }
+                Effect::StopGenerator => self.copies[c].generator = None,
+                Effect::RaiseFloor(floor) => {
+                    let copy = &mut self.copies[c];
+                    copy.floor = copy.floor.max(floor);
+                }
+                Effect::Install { worker_id, fence } => {
+                    self.copies[c].generator = Some((worker_id, fence));
+                }
+                Effect::GiveBack {
+                    worker_id,
+                    tokens,
+                    released_unix_ms,
+                } => {
+                    let release = Request::Release {
+                        worker: worker_id,
+                        tokens,
+                        released: released_unix_ms,
+                    };
+                    self.send(c, release);
+                }
+                Effect::Fenced { worker_id, why } => {
+                    self.note(|| format!("copy {c} fenced from worker {worker_id}: {why}"));
+                }
+                Effect::Claimed {
+                    worker_id,
+                    floor_unix_ms,
+                    ..
+                } => {
+                    self.note(|| format!("copy {c} holds worker {worker_id} from {floor_unix_ms}"))
+                }
+                Effect::Report { .. }
+                | Effect::NoteFailure(_)
+                | Effect::RequestFailed(_)
+                | Effect::MarkAhead { .. }
+                | Effect::RegistryClockJumped { .. }
+                | Effect::ClaimFileFailed(_) => {}
+            }
+        }
     }
 
     fn next_step(&mut self, c: usize, after: i64) {
         let t = self.t + after.max(1);
         self.at(t, Event::Step(c));
-    }
-
-    /// A reply said the registry stores the token the request wrote.
-    fn tokens_confirmed(&mut self, c: usize) {
-        let copy = &mut self.copies[c];
-        copy.token = copy.next_token;
-    }
-
-    fn failed_renewal(&mut self, c: usize) {
-        let copy = &self.copies[c];
-        if let Some((_, old)) = copy.held {
-            if claim::after_failed_renewal(old, copy.mono(self.t)) == AfterFailure::Fence {
-                self.fence_copy(c, "fence expired");
-            }
-        }
-    }
-
-    fn install(&mut self, c: usize, worker: u8, fence: Fence) {
-        self.copies[c].held = Some((worker, fence));
-    }
-
-    fn fence_copy(&mut self, c: usize, why: &str) {
-        if self.copies[c].held.take().is_some() {
-            self.note(|| format!("copy {c} fenced: {why}"));
-        }
-    }
-
-    fn give_back(&mut self, c: usize, worker: u8, released: Option<i64>) {
-        let wall = self.copies[c].wall(self.t);
-        self.send(c, Request::Release { worker, released }, wall, Fence::NONE);
     }
 
     fn fault(&mut self, i: usize) {
@@ -1407,37 +1421,38 @@ impl Sim {
             }
             Fault::RegistryDown => self.registry.down_until = t + f.length_ms,
             Fault::ServerCrashRestart | Fault::ServerRestart => {
+                if f.kind == Fault::ServerRestart && f.clean {
+                    // A clean stop: the generator stops, then the claim is given back.
+                    let copy = &mut self.copies[c];
+                    copy.generator = None;
+                    let position = copy.position;
+                    let effects = copy.holder.release(position, position);
+                    self.carry_out(c, effects);
+                }
                 let copy = &mut self.copies[c];
-                let held = copy.held.take();
+                copy.generator = None;
                 copy.pending = None;
-                copy.known_born = None;
-                copy.fleet_ttl_ms = 0;
                 copy.floor = i64::MIN;
                 copy.etcd = EtcdClient::default();
                 copy.down_until = t + f.length_ms.min(3_000);
                 if !self.fixes.durable_floor {
-                    copy.recorded = None;
+                    copy.claim_file = None;
                 }
                 if f.kind == Fault::ServerRestart {
+                    // A new postmaster: a new token of its own (its token file is not its).
                     self.tokens_drawn += 1;
-                    let token = self.tokens_drawn;
-                    if let (Some((worker, _)), true) = (held, f.clean) {
-                        let copy = &self.copies[c];
-                        // As `Holder::release`: no lower than the inherited mark.
-                        let mut released = claim::release_high_water(
-                            copy.position,
-                            copy.position,
-                            copy.recorded.map_or(i64::MIN, |r| r.1),
-                        );
-                        if self.fixes.release_above_inherited {
-                            released = released.max(copy.inherited);
-                        }
-                        self.give_back(c, worker, Some(released));
-                    }
-                    self.copies[c].token = token;
-                    self.copies[c].next_token = token;
-                    self.copies[c].recent = [0; claim::RECENT_TOKENS];
+                    let copy = &mut self.copies[c];
+                    copy.postmaster = format!("{}@s{}", self.tokens_drawn, copy.server);
                 }
+                let copy = &mut self.copies[c];
+                copy.holder = start_holder(
+                    self.fixes,
+                    copy.server,
+                    copy.timing,
+                    &copy.postmaster,
+                    copy.token_file.clone(),
+                    copy.claim_file.clone(),
+                );
                 let at = self.copies[c].down_until + 1;
                 self.at(at, Event::Step(c));
             }

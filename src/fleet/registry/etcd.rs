@@ -822,8 +822,12 @@ impl Registry for EtcdRegistry {
             let settle = request
                 .claim_timing()
                 .settle_wait_ms(settle_start(&record), earliest);
-            let choice =
-                claim::choose_worker(&request.order, &holders, |t| request.tokens.holds(t), settle);
+            let choice = claim::choose_worker(
+                &request.order,
+                &holders,
+                |t| request.tokens.holds(t),
+                settle,
+            );
             // Nothing beside a holder whose claim_ttl is out of range (a renewal records it
             // in the marks; see claim::ttl_mismatch).
             if !matches!(choice, ClaimChoice::Settling(_)) {
