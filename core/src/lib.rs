@@ -11,6 +11,7 @@
 //! - [`protocol`]: the requests a holder sends a registry, and the replies.
 //! - [`holder`]: the registry worker's decisions, as a state machine (no I/O, no clock).
 //! - [`kvclaims`]: the claim records of a key-value registry (etcd), and its clock.
+//! - [`registry_rules`]: the registry's decisions (claim, renewal, release), for every store.
 //! - [`registry_uri`]: the registry URI forms the client libraries do not parse, `.pgpass`.
 //! - [`ratelimit`]: the limiter for server-wide WARNINGs.
 //! - [`text`]: business serials and sortable base32 text.
@@ -27,6 +28,7 @@ pub mod kvclaims;
 pub mod layout;
 pub mod protocol;
 pub mod ratelimit;
+pub mod registry_rules;
 pub mod registry_uri;
 pub mod secrets;
 pub mod settings;

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 
 use super::rng::Rng;
 use crate::claim::{
-    self, ClaimChoice, ClaimTiming, ClaimTokens, ClockSample, Fence, Granted, RequestAge,
-    RequestTokens,
+    self, ClaimTiming, ClaimTokens, ClockSample, Fence, Granted, RequestAge, RequestTokens,
 };
 use crate::durable::LastClaim;
 use crate::holder::{self, Effect, Holder, HolderRules, HolderSettings, Next, Now};
 use crate::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
+use crate::registry_rules::{self, ClaimDecision, LiveClaim};
 
 /// The fixes of earlier duplicate paths, each of which can be taken out to show that the
 /// simulator finds its path again. [`Fixes::ALL`] is the product.
@@ -236,9 +236,9 @@ struct Data {
     revision: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Claim {
-    token: u64,
+    token: String,
     expires: i64,
     ttl_ms: i64,
     revision: u64,
@@ -327,37 +327,6 @@ enum Reply {
     Lost,
     Rejected,
     Released,
-}
-
-/// A request's tokens as numbers (the simulation's tokens are numbers, before the `@`):
-/// those the registry may hold for the copy (0: none), and the one the request writes.
-#[derive(Debug, Clone, Copy)]
-struct Tokens {
-    held: [u64; claim::RECENT_TOKENS + 1],
-    write: u64,
-}
-
-impl Tokens {
-    fn of(tokens: &RequestTokens) -> Tokens {
-        let number = |t: &str| {
-            t.split('@')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
-        };
-        let mut held = [0; claim::RECENT_TOKENS + 1];
-        for (slot, t) in held.iter_mut().zip(&tokens.held) {
-            *slot = number(t);
-        }
-        Tokens {
-            held,
-            write: number(&tokens.write),
-        }
-    }
-
-    fn holds(&self, t: u64) -> bool {
-        t != 0 && (t == self.write || self.held.contains(&t))
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -988,25 +957,48 @@ impl Sim {
         fleet_revision: u64,
         worker_ids: u8,
     ) -> (Reply, EtcdClient) {
-        // The holder of an id as this step sees it: an etcd claim written before the
-        // current incarnation began counts as another server's (a restore may have brought
-        // it back after it went to another).
-        let holder_of = |data: &Data, w: u8| -> Option<(u64, bool)> {
-            data.claims
-                .get(&w)
-                .filter(|claim| claim.expires > now)
-                .map(|claim| (claim.token, etcd && claim.revision < fleet_revision))
-        };
-        // This copy's tokens: those the registry may hold for it, and the one this request
-        // writes (all one without `rotate_tokens`).
-        let tokens = Tokens::of(request.tokens());
-        let mine = |t: u64| tokens.holds(t);
-        let token = tokens.write;
+        // The ids' live claims as this step sees them (the product's `LiveClaim`): an etcd
+        // claim written before the current incarnation began is from before the loss (a
+        // restore may have brought it back after it went to another). The ids the fleet
+        // does not use are held by servers outside the simulation.
+        let outside = "outside";
+        let live: Vec<LiveClaim<'_>> = (0..=crate::layout::MAX_WORKER_ID)
+            .filter_map(|w| {
+                if w >= worker_ids {
+                    return Some(LiveClaim {
+                        worker_id: w,
+                        holder: outside,
+                        from_before_loss: false,
+                        holder_ttl_ms: None,
+                        floor_unix_ms: None,
+                        high_water_unix_ms: None,
+                    });
+                }
+                let claim = data.claims.get(&w).filter(|claim| claim.expires > now)?;
+                Some(LiveClaim {
+                    worker_id: w,
+                    holder: &claim.token,
+                    from_before_loss: etcd && claim.revision < fleet_revision,
+                    holder_ttl_ms: fixes.refuse_ttl_out_of_ratio.then_some(claim.ttl_ms as u64),
+                    floor_unix_ms: if fixes.durable_floor {
+                        data.floor.get(&w).copied()
+                    } else {
+                        None
+                    },
+                    high_water_unix_ms: data.high_water.get(&w).copied(),
+                })
+            })
+            .collect();
+        let tokens = request.tokens();
         if let &Request::Release {
             worker, released, ..
         } = request
         {
-            if holder_of(data, worker).is_some_and(|h| mine(h.0)) {
+            let holder = live
+                .iter()
+                .find(|c| c.worker_id == worker)
+                .map(|c| c.holder);
+            if registry_rules::release_counts(tokens, holder) {
                 data.claims.remove(&worker);
                 data.revision += 1;
                 if let Some(v) = released {
@@ -1033,13 +1025,14 @@ impl Sim {
         if fixes.request_age && timing.request_age(sent, now) != RequestAge::Fresh {
             return (Reply::Rejected, client);
         }
-        let cap = timing.fence(sent, 0).cap_unix_ms;
+        let cap = claim.cap_unix_ms;
+        let token = tokens.write.clone();
         let hold = |data: &mut Data, client: &mut EtcdClient, worker: u8| {
             data.revision += 1;
             data.claims.insert(
                 worker,
                 Claim {
-                    token,
+                    token: token.clone(),
                     expires: now + timing.ttl_ms() as i64,
                     ttl_ms: timing.ttl_ms() as i64,
                     revision: data.revision,
@@ -1060,50 +1053,24 @@ impl Sim {
                 let fleet_ttl_ms = claim.fleet_ttl_ms;
                 let settle =
                     settle_wait(fixes, claim_timing(fixes, timing, fleet_ttl_ms), born, now);
-                let holders: Vec<(u8, String)> = (0..worker_ids)
-                    .filter_map(|w| {
-                        holder_of(data, w).map(|(t, from_before)| {
-                            (
-                                w,
-                                if from_before {
-                                    "before".to_string()
-                                } else {
-                                    t.to_string()
-                                },
-                            )
-                        })
-                    })
-                    .collect();
-                let holder_refs: Vec<(u8, &str)> =
-                    holders.iter().map(|(w, t)| (*w, t.as_str())).collect();
                 // etcd: a sighting of a free id ends when the id is seen held.
                 if let Some((w, _, _)) = client.seen_free {
-                    if holder_refs.iter().any(|(h, _)| *h == w) {
+                    if live.iter().any(|c| c.worker_id == w) {
                         client.seen_free = None;
                     }
                 }
-                let order: Vec<u8> = claim
-                    .order
-                    .iter()
-                    .copied()
-                    .filter(|w| *w < worker_ids)
-                    .collect();
-                let mine_text = |t: &str| t.parse().is_ok_and(mine);
-                let mut choice = claim::choose_worker(&order, &holder_refs, mine_text, settle);
-                if fixes.refuse_ttl_out_of_ratio && settle == 0 {
-                    let others: Vec<u64> = data
-                        .claims
-                        .values()
-                        .filter(|claim| claim.expires > now && !mine(claim.token))
-                        .map(|claim| claim.ttl_ms as u64)
-                        .collect();
-                    if let Some((_, others_max_ms)) = claim::ttl_mismatch(timing, &others) {
-                        return (Reply::Refused { others_max_ms }, client);
-                    }
-                }
+                let mut decision = registry_rules::decide_claim(claim, settle, &live);
                 if !fixes.no_own_claim_while_settling {
-                    if let Some(&(w, _)) = holder_refs.iter().find(|(_, t)| mine_text(t)) {
-                        choice = ClaimChoice::Own(w);
+                    // 0.7.0: an own claim was granted while settling.
+                    let own = live
+                        .iter()
+                        .find(|c| !c.from_before_loss && claim.tokens.holds(c.holder));
+                    if let (ClaimDecision::Settling { .. }, Some(own)) = (decision, own) {
+                        decision = ClaimDecision::Own {
+                            worker_id: own.worker_id,
+                            floor_unix_ms: own.floor_unix_ms,
+                            inherited_unix_ms: own.high_water_unix_ms,
+                        };
                     }
                 }
                 // etcd: a free id is taken only once seen free, under the same fleet record,
@@ -1122,16 +1089,17 @@ impl Sim {
                     }
                 };
                 if etcd && !fixes.etcd_grant_quarantine {
-                    if let ClaimChoice::Settling(_) = choice {
-                        if let Some(&w) = order
+                    if let ClaimDecision::Settling { .. } = decision {
+                        if let Some(&w) = claim
+                            .order
                             .iter()
-                            .find(|w| !holder_refs.iter().any(|(h, _)| h == *w))
+                            .find(|w| !live.iter().any(|c| c.worker_id == **w))
                         {
                             free_wait(w, &mut client);
                         }
                     }
-                    if let ClaimChoice::Free(w) = choice {
-                        let wait_ms = free_wait(w, &mut client);
+                    if let ClaimDecision::Free { worker_id } = decision {
+                        let wait_ms = free_wait(worker_id, &mut client);
                         if wait_ms > 0 {
                             return (Reply::Settling { wait_ms }, client);
                         }
@@ -1144,67 +1112,71 @@ impl Sim {
                 } else {
                     0
                 };
-                match choice {
-                    ClaimChoice::Own(w) => {
-                        let inherited = data.high_water.get(&w).copied();
+                let reply = match decision {
+                    ClaimDecision::Own {
+                        worker_id: w,
+                        floor_unix_ms,
+                        inherited_unix_ms,
+                    } => {
                         hold(data, &mut client, w);
-                        let floor = if fixes.durable_floor {
-                            data.floor.get(&w).copied()
-                        } else {
-                            None
-                        };
-                        let reply = Reply::Granted {
+                        Reply::Granted {
                             worker: w,
                             own: true,
-                            floor,
-                            inherited,
+                            floor: floor_unix_ms,
+                            inherited: inherited_unix_ms,
                             quarantine_ms,
-                        };
-                        (reply, client)
+                        }
                     }
-                    ClaimChoice::Free(w) => {
-                        let mark = data.released.get(&w).or(data.high_water.get(&w)).copied();
+                    ClaimDecision::Free { worker_id: w } => {
+                        let floor = claim::free_grant_floor_unix_ms(
+                            data.high_water.get(&w).copied(),
+                            data.released.get(&w).copied(),
+                        );
                         hold(data, &mut client, w);
-                        let floor = mark.map(|m| m + 1);
                         match floor {
                             Some(f) => data.floor.insert(w, f),
                             None => data.floor.remove(&w),
                         };
-                        let reply = Reply::Granted {
+                        Reply::Granted {
                             worker: w,
                             own: false,
                             floor,
                             inherited: None,
                             quarantine_ms,
-                        };
-                        (reply, client)
+                        }
                     }
-                    ClaimChoice::Settling(wait_ms) => (Reply::Settling { wait_ms }, client),
-                    ClaimChoice::Exhausted(_) => (Reply::Exhausted, client),
-                }
+                    ClaimDecision::Settling { wait_ms } => Reply::Settling { wait_ms },
+                    ClaimDecision::Exhausted { .. } => Reply::Exhausted,
+                    ClaimDecision::TtlMismatch { others_max_ms, .. } => {
+                        Reply::Refused { others_max_ms }
+                    }
+                };
+                (reply, client)
             }
             &Request::Renew {
                 worker, reassert, ..
             } => {
-                let holder = holder_of(data, worker);
-                let inherited = data.high_water.get(&worker).copied();
-                if holder.is_some_and(|(t, from_before)| mine(t) && !from_before) {
-                    hold(data, &mut client, worker);
-                    return (Reply::Renewed { inherited }, client);
-                }
-                let may = if fixes.reassert_only_after_loss {
+                let may_reassert = if fixes.reassert_only_after_loss {
                     reassert.is_some_and(|known| {
                         known != born && settle_wait(fixes, timing, born, now) > 0
                     })
                 } else {
                     true
                 };
-                let own_from_before = holder.is_some_and(|(t, from_before)| mine(t) && from_before);
-                if (holder.is_none() || own_from_before) && may {
-                    hold(data, &mut client, worker);
-                    return (Reply::Renewed { inherited }, client);
+                let own = live.iter().find(|c| c.worker_id == worker);
+                let high_water = data.high_water.get(&worker).copied();
+                match registry_rules::decide_renew(claim, own, high_water, may_reassert) {
+                    RenewReply::Renewed { inherited_unix_ms } => {
+                        hold(data, &mut client, worker);
+                        (
+                            Reply::Renewed {
+                                inherited: inherited_unix_ms,
+                            },
+                            client,
+                        )
+                    }
+                    _ => (Reply::Lost, client),
                 }
-                (Reply::Lost, client)
             }
             Request::Release { .. } => unreachable!("handled above"),
         }

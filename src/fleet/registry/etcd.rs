@@ -42,17 +42,15 @@ use super::{
     new_registry_id, wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError,
     RenewReply, Result,
 };
-use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge, RequestTokens};
+use snowflake_core::claim::{ClockSample, RequestAge, RequestTokens};
 use snowflake_core::kvclaims::{
     lease_seconds, parse_http_date, FleetRecord, Marks, HTTP_DATE_RESOLUTION_MS,
 };
+use snowflake_core::registry_rules::{self, ClaimDecision, LiveClaim};
 use snowflake_core::registry_uri::parse_multi_host;
 
 /// How often a step starts again after a transaction found the snapshot changed.
 const ATTEMPTS: usize = 5;
-
-/// The holder shown for a claim key older than the registry's current incarnation.
-const FROM_BEFORE_THE_LOSS: &str = "a claim from before the registry's loss";
 
 /// An etcd registry.
 pub struct EtcdRegistry {
@@ -802,58 +800,36 @@ impl Registry for EtcdRegistry {
             // A claim key older than the current incarnation may be one a restore brought
             // back after it had lapsed and gone to another server: it is not this server's
             // to take back by its token alone (only its holder, re-asserting within its
-            // fence, may: see `renew`). Here it counts as another server's.
-            let holders: Vec<(u8, &str)> = snapshot
+            // fence, may: see `renew`). For a claim it counts as another server's.
+            let live: Vec<LiveClaim<'_>> = snapshot
                 .claims
                 .iter()
                 .map(|(w, t, _, m)| {
-                    let from_before = *m < fleet_seen;
-                    (
-                        *w,
-                        if from_before {
-                            FROM_BEFORE_THE_LOSS
-                        } else {
-                            t.as_str()
-                        },
-                    )
+                    let marks = snapshot.marks(*w).0;
+                    LiveClaim {
+                        worker_id: *w,
+                        holder: t,
+                        from_before_loss: *m < fleet_seen,
+                        // A renewal records it in the marks.
+                        holder_ttl_ms: marks.holder_ttl_ms,
+                        floor_unix_ms: marks.floor_unix_ms,
+                        high_water_unix_ms: marks.high_water_unix_ms,
+                    }
                 })
                 .collect();
             let earliest = observed.sample.registry_unix_ms - HTTP_DATE_RESOLUTION_MS / 2;
             let settle = request
                 .claim_timing()
                 .settle_wait_ms(settle_start(&record), earliest);
-            let choice = claim::choose_worker(
-                &request.order,
-                &holders,
-                |t| request.tokens.holds(t),
-                settle,
-            );
-            // Nothing beside a holder whose claim_ttl is out of range (a renewal records it
-            // in the marks; see claim::ttl_mismatch).
-            if !matches!(choice, ClaimChoice::Settling(_)) {
-                let others: Vec<u64> = snapshot
-                    .claims
-                    .iter()
-                    .filter(|(_, t, _, _)| !request.tokens.holds(t))
-                    .filter_map(|(w, _, _, _)| snapshot.marks(*w).0.holder_ttl_ms)
-                    .collect();
-                if let Some((others_min_ms, others_max_ms)) =
-                    claim::ttl_mismatch(request.timing(), &others)
-                {
-                    return Ok(Some(ClaimReply::TtlMismatch {
-                        others_min_ms,
-                        others_max_ms,
-                    }));
-                }
-            }
+            let decision = registry_rules::decide_claim(request, settle, &live);
             // Every grant is used only after its quarantine (see the module's text).
             // For the longer claim_ttl a refused server remembers, like its settle: the
             // holder a restore can lose without a sign fences for its own.
             let quarantine_ms = request
                 .claim_timing()
                 .grant_quarantine_ms(HTTP_DATE_RESOLUTION_MS as u64);
-            Ok(match choice {
-                ClaimChoice::Own(w) => {
+            let (held, free_floor) = match decision {
+                ClaimDecision::Own { worker_id: w, .. } => {
                     // Chosen because this server's token holds it, so the key is in the
                     // snapshot.
                     let Some(&(_, _, lease, mod_revision)) = snapshot.claim(w) else {
@@ -862,29 +838,16 @@ impl Registry for EtcdRegistry {
                     let marks = snapshot.marks(w);
                     let held =
                         this.hold_existing(request, w, (lease, mod_revision), fleet_seen, marks)?;
-                    held.then_some(ClaimReply::Granted {
-                        worker_id: w,
-                        granted: Granted::Own,
-                        floor_unix_ms: marks.0.floor_unix_ms,
-                        quarantine_ms,
-                        inherited_unix_ms: marks.0.high_water_unix_ms,
-                    })
+                    (held, None)
                 }
-                ClaimChoice::Free(w) => {
+                ClaimDecision::Free { worker_id: w } => {
                     let marks = snapshot.marks(w);
                     let floor = marks.0.free_grant_floor();
-                    let held = this.hold_new(request, w, fleet_seen, marks, floor)?;
-                    held.then_some(ClaimReply::Granted {
-                        worker_id: w,
-                        granted: Granted::Free,
-                        floor_unix_ms: floor,
-                        quarantine_ms,
-                        inherited_unix_ms: None,
-                    })
+                    (this.hold_new(request, w, fleet_seen, marks, floor)?, floor)
                 }
-                ClaimChoice::Settling(wait_ms) => Some(ClaimReply::Settling { wait_ms }),
-                ClaimChoice::Exhausted(taken) => Some(ClaimReply::Exhausted { taken }),
-            })
+                _ => (true, None),
+            };
+            Ok(held.then_some(decision.reply(quarantine_ms, free_floor)))
         })
     }
 
@@ -902,45 +865,38 @@ impl Registry for EtcdRegistry {
                     .may_reassert(known, settle_start(&record), earliest)
             });
             let marks = snapshot.marks(worker_id);
-            let held = match snapshot.claim(worker_id) {
-                // Written in this incarnation: a plain renewal.
-                Some((_, token, lease, mod_revision))
-                    if request.tokens.holds(token) && *mod_revision > fleet_seen =>
-                {
-                    this.hold_existing(
-                        request,
-                        worker_id,
-                        (*lease, *mod_revision),
-                        fleet_seen,
-                        marks,
-                    )?
-                }
+            let claim = snapshot.claim(worker_id);
+            let live = claim.map(|(w, token, _, mod_revision)| LiveClaim {
+                worker_id: *w,
+                holder: token,
                 // From before the registry's loss (a restore may have brought it back after
                 // it lapsed and went to another server): kept only as a re-assertion, by a
                 // holder whose fence still holds, while the registry settles.
-                Some((_, token, lease, mod_revision)) if request.tokens.holds(token) => {
-                    if !reassert {
-                        return Ok(Some(RenewReply::Lost { holder: None }));
-                    }
-                    this.hold_existing(
-                        request,
-                        worker_id,
-                        (*lease, *mod_revision),
-                        fleet_seen,
-                        marks,
-                    )?
-                }
-                None if reassert => this.hold_new(request, worker_id, fleet_seen, marks, None)?,
-                Some((_, token, _, _)) => {
-                    return Ok(Some(RenewReply::Lost {
-                        holder: Some(token.clone()),
-                    }))
-                }
-                None => return Ok(Some(RenewReply::Lost { holder: None })),
+                from_before_loss: *mod_revision <= fleet_seen,
+                holder_ttl_ms: marks.0.holder_ttl_ms,
+                floor_unix_ms: marks.0.floor_unix_ms,
+                high_water_unix_ms: marks.0.high_water_unix_ms,
+            });
+            let reply = registry_rules::decide_renew(
+                request,
+                live.as_ref(),
+                marks.0.high_water_unix_ms,
+                reassert,
+            );
+            if !matches!(reply, RenewReply::Renewed { .. }) {
+                return Ok(Some(reply));
+            }
+            let held = match claim {
+                Some((_, _, lease, mod_revision)) => this.hold_existing(
+                    request,
+                    worker_id,
+                    (*lease, *mod_revision),
+                    fleet_seen,
+                    marks,
+                )?,
+                None => this.hold_new(request, worker_id, fleet_seen, marks, None)?,
             };
-            Ok(held.then_some(RenewReply::Renewed {
-                inherited_unix_ms: marks.0.high_water_unix_ms,
-            }))
+            Ok(held.then_some(reply))
         })
     }
 
@@ -956,7 +912,7 @@ impl Registry for EtcdRegistry {
             let Some((_, holder, lease, mod_revision)) = snapshot.claim(worker_id).cloned() else {
                 return Ok(());
             };
-            if !tokens.holds(&holder) {
+            if !registry_rules::release_counts(tokens, Some(&holder)) {
                 return Ok(());
             }
             let (marks, marks_seen) = snapshot.marks(worker_id);

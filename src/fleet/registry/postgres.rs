@@ -24,7 +24,8 @@ use super::{
     parse_registry_id, wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry,
     RegistryError, RenewReply, Result,
 };
-use snowflake_core::claim::{self, ClaimChoice, ClockSample, Granted, RequestAge, RequestTokens};
+use snowflake_core::claim::{self, ClockSample, RequestAge, RequestTokens};
+use snowflake_core::registry_rules::{self, ClaimDecision, LiveClaim};
 use snowflake_core::registry_uri::{pgpass_lookup, split_libpq_extras, LibpqExtras};
 
 /// The coordinator's tables, created on first use in the URI's schema (`snowflake_schema`,
@@ -854,8 +855,8 @@ fn pg_hold(
     Ok(())
 }
 
-/// A live claim as the claim step reads it.
-struct LiveClaim {
+/// A live claim's row as the claim step reads it.
+struct LiveRow {
     worker_id: u8,
     holder: String,
     floor_unix_ms: Option<i64>,
@@ -923,9 +924,9 @@ impl Registry for PgRegistry {
             ClaimReply::Rejected,
             |tx, sql, now, born| {
                 let rows = tx.query(&sql.live, &[&i32::from(request.datacenter_id), &now])?;
-                let live: Vec<LiveClaim> = rows
+                let rows: Vec<LiveRow> = rows
                     .iter()
-                    .map(|r| LiveClaim {
+                    .map(|r| LiveRow {
                         worker_id: r.get::<_, i32>(0) as u8,
                         holder: r.get(1),
                         floor_unix_ms: r.get(2),
@@ -933,62 +934,32 @@ impl Registry for PgRegistry {
                         high_water_unix_ms: r.get(4),
                     })
                     .collect();
-                let holders: Vec<(u8, &str)> = live
+                let live: Vec<LiveClaim<'_>> = rows
                     .iter()
-                    .map(|c| (c.worker_id, c.holder.as_str()))
+                    .map(|c| LiveClaim {
+                        worker_id: c.worker_id,
+                        holder: &c.holder,
+                        from_before_loss: false,
+                        holder_ttl_ms: c.ttl_ms.map(|t| t.max(0) as u64),
+                        floor_unix_ms: c.floor_unix_ms,
+                        high_water_unix_ms: c.high_water_unix_ms,
+                    })
                     .collect();
                 let settle = request.claim_timing().settle_wait_ms(born, now);
-                // Nothing beside a holder whose claim_ttl is out of range (see
-                // claim::ttl_mismatch).
-                if settle == 0 {
-                    let others: Vec<u64> = live
-                        .iter()
-                        .filter(|c| !request.tokens.holds(&c.holder))
-                        .filter_map(|c| c.ttl_ms)
-                        .map(|t| t.max(0) as u64)
-                        .collect();
-                    if let Some((others_min_ms, others_max_ms)) =
-                        claim::ttl_mismatch(request.timing(), &others)
-                    {
-                        return Ok(ClaimReply::TtlMismatch {
-                            others_min_ms,
-                            others_max_ms,
-                        });
+                let decision = registry_rules::decide_claim(request, settle, &live);
+                let free_floor = match decision {
+                    ClaimDecision::Own { worker_id, .. } => {
+                        pg_hold(tx, sql, request, worker_id, now, None)?;
+                        None
                     }
-                }
-                Ok(
-                    match claim::choose_worker(
-                        &request.order,
-                        &holders,
-                        |t| request.tokens.holds(t),
-                        settle,
-                    ) {
-                        ClaimChoice::Own(w) => {
-                            let own = live.iter().find(|c| c.worker_id == w);
-                            pg_hold(tx, sql, request, w, now, None)?;
-                            ClaimReply::Granted {
-                                worker_id: w,
-                                granted: Granted::Own,
-                                floor_unix_ms: own.and_then(|c| c.floor_unix_ms),
-                                quarantine_ms: 0,
-                                inherited_unix_ms: own.and_then(|c| c.high_water_unix_ms),
-                            }
-                        }
-                        ClaimChoice::Free(w) => {
-                            let floor = pg_free_floor(tx, sql, request.datacenter_id, w)?;
-                            pg_hold(tx, sql, request, w, now, Some(floor))?;
-                            ClaimReply::Granted {
-                                worker_id: w,
-                                granted: Granted::Free,
-                                floor_unix_ms: floor,
-                                quarantine_ms: 0,
-                                inherited_unix_ms: None,
-                            }
-                        }
-                        ClaimChoice::Settling(wait_ms) => ClaimReply::Settling { wait_ms },
-                        ClaimChoice::Exhausted(taken) => ClaimReply::Exhausted { taken },
-                    },
-                )
+                    ClaimDecision::Free { worker_id } => {
+                        let floor = pg_free_floor(tx, sql, request.datacenter_id, worker_id)?;
+                        pg_hold(tx, sql, request, worker_id, now, Some(floor))?;
+                        floor
+                    }
+                    _ => None,
+                };
+                Ok(decision.reply(0, free_floor))
             },
         )
     }
@@ -1017,27 +988,38 @@ impl Registry for PgRegistry {
                     ],
                 )?;
                 let holder: Option<String> = row.as_ref().map(|r| r.get(0));
-                let inherited_unix_ms: Option<i64> = row.as_ref().and_then(|r| r.get(1));
+                let live = holder.as_deref().map(|h| LiveClaim {
+                    worker_id,
+                    holder: h,
+                    from_before_loss: false,
+                    holder_ttl_ms: None,
+                    floor_unix_ms: None,
+                    high_water_unix_ms: None,
+                });
+                // The id's mark: beside its live row, or (no live row) its own.
+                let high_water_unix_ms: Option<i64> = match &row {
+                    Some(r) => r.get(1),
+                    None => tx
+                        .query_opt(
+                            &sql.free_floor,
+                            &[&i32::from(request.datacenter_id), &i32::from(worker_id)],
+                        )?
+                        .and_then(|r| r.get::<_, Option<i64>>(0)),
+                };
                 let reassert = reassert_known_born
                     .is_some_and(|known| request.timing().may_reassert(known, born, now));
-                Ok(match holder {
-                    Some(h) if request.tokens.holds(&h) => {
-                        pg_hold(tx, sql, request, worker_id, now, None)?;
-                        RenewReply::Renewed { inherited_unix_ms }
-                    }
-                    None if reassert => {
-                        // No live row: its mark (if any) is the id's, read beside it.
-                        let inherited_unix_ms = tx
-                            .query_opt(
-                                &sql.free_floor,
-                                &[&i32::from(request.datacenter_id), &i32::from(worker_id)],
-                            )?
-                            .and_then(|r| r.get::<_, Option<i64>>(0));
-                        pg_hold(tx, sql, request, worker_id, now, Some(None))?;
-                        RenewReply::Renewed { inherited_unix_ms }
-                    }
-                    other => RenewReply::Lost { holder: other },
-                })
+                let reply = registry_rules::decide_renew(
+                    request,
+                    live.as_ref(),
+                    high_water_unix_ms,
+                    reassert,
+                );
+                if let RenewReply::Renewed { .. } = reply {
+                    // A claim taken back (no live row) gets no floor of its own.
+                    let floor = if live.is_some() { None } else { Some(None) };
+                    pg_hold(tx, sql, request, worker_id, now, floor)?;
+                }
+                Ok(reply)
             },
         )
     }
