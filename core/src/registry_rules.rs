@@ -1,14 +1,11 @@
-//! The registry's decisions, one copy for every store (issue 37): which id a claim gets, whether
-//! a renewal keeps its claim, whether a release counts. Each store reads what it keeps of
-//! one datacenter (a transaction of the coordinator, a snapshot of etcd, the keys a Redis
-//! script reads), asks here, and writes the result (`src/fleet/registry/`); the claim
-//! simulator's registry asks the same functions. What stays in each store is how it keeps
-//! and reads its records, its clock, and when it began (its settle is computed by
-//! [`crate::claim::ClaimTiming::settle_wait_ms`] from its own birth).
-//!
-//! The Redis scripts (`src/fleet/registry/redis.rs`) run these rules inside Redis, where
-//! Rust cannot run; `redis_scripts_follow_the_rules` (test_registry.py) checks them against
-//! the rules on every case the table below draws.
+//! The registry's decisions, one copy for every store (issue 37): which id a claim gets,
+//! whether a renewal keeps its claim, whether a release counts. Each store reads what it keeps
+//! of one datacenter (a transaction of the coordinator, a snapshot of etcd, a script's read
+//! of the Redis keys), asks here, and writes the result only if what it read is unchanged
+//! (the coordinator's row locks, etcd's compare-and-swap, a Redis script that compares the
+//! datacenter's version and the id's claim); the claim simulator's registry asks the same
+//! functions. What stays in each store is how it keeps and reads its records, its clock, and
+//! when it began (the settle, [`crate::claim::ClaimTiming::settle_wait_ms`] from its birth).
 
 use crate::claim::{self, ClaimChoice, Granted};
 use crate::protocol::{ClaimReply, ClaimRequest, RenewReply};

@@ -616,8 +616,8 @@ class LeastPrivilegeCredentials(unittest.TestCase):
         self.addCleanup(redis.stop)
         # docs/security.md's ACL line, word for word.
         redis.cli("ACL", "SETUSER", "snowflake", "on", ">N0de-Pw", "resetkeys", "~snowflake:*",
-                  "-@all", "+@scripting", "+get", "+set", "+del", "+exists", "+hmget", "+hset",
-                  "+time", "+info")
+                  "-@all", "+@scripting", "+get", "+mget", "+set", "+del", "+incr", "+hmget",
+                  "+hset", "+time", "+info")
         worker = self.claim_issue_release(
             redis, f"'redis://snowflake:N0de-Pw@127.0.0.1:{redis.port}/0'")
         self.assertGreaterEqual(worker, 0)

@@ -1,8 +1,9 @@
 //! The registry clients, one file each behind [`Registry`]: Redis, alone or behind Sentinel
-//! (`redis.rs`, through the `redis` crate, with Lua scripts so that every step is atomic on
-//! the server), a PostgreSQL coordinator (`postgres.rs`, through the `postgres` crate, one
+//! (`redis.rs`, through the `redis` crate: a Lua script reads, another writes only if nothing
+//! changed since), a PostgreSQL coordinator (`postgres.rs`, through the `postgres` crate, one
 //! transaction per step, committed synchronously) and etcd (`etcd.rs`, through
-//! `etcd-client`: leases for claims, compare-and-swap transactions for every step). No pgrx
+//! `etcd-client`: leases for claims, compare-and-swap transactions for every step). All three
+//! decide by the same rules, [`snowflake_core::registry_rules`]. No pgrx
 //! here: only the registry worker's request thread calls this (see `runner.rs`), never a
 //! backend and never the postmaster. Each client bounds a request in time and in bytes
 //! (docs/registries.md, "Bounds"): the coordinator through a counting socket (`postgres.rs`),

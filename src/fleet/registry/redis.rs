@@ -1,5 +1,11 @@
-//! The Redis registry client (through the `redis` crate): every step is one Lua script, so it
-//! is atomic on the server. The records and their rules are described in the parent module.
+//! The Redis registry client (through the `redis` crate). Every step reads, decides and
+//! writes: a script reads what the registry keeps of the datacenter (checking the registry
+//! record and the request's age first), the core decides
+//! ([`snowflake_core::registry_rules`], the same rules as every other store), and a second
+//! script writes the result only if nothing it depends on changed in between: the registry's
+//! incarnation, the datacenter's version (raised by every write) and the id's claim. If
+//! anything did, the step starts over on a new read, up to [`ATTEMPTS`] times. The records
+//! are described in the parent module.
 
 use std::time::Duration;
 
@@ -8,21 +14,26 @@ use super::{
     parse_registry_id, wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry,
     RegistryError, RenewReply, Result,
 };
-use snowflake_core::claim::{ClockSample, Granted, RequestAge, RequestTokens};
+use snowflake_core::claim::{ClockSample, RequestAge, RequestTokens};
+use snowflake_core::kvclaims::Marks;
 use snowflake_core::layout::MAX_WORKER_ID;
+use snowflake_core::registry_rules::{self, ClaimDecision, LiveClaim};
 use snowflake_core::registry_uri::parse_multi_host;
 
-/// Checks the registry record (incarnation, epoch) and the request's age, and leaves `now`
-/// (Redis time, ms) and `born` set. A new incarnation means Redis restarted, was replaced,
-/// or a replica took over: its data may be older than what holders were told, so it begins
-/// again ("born" now) and settles. Every reply starts with a word, `now`, `born` and `rid`.
+/// How often a step starts again after its write found the datacenter changed.
+const ATTEMPTS: usize = 5;
+
+/// Reads a datacenter for a decision. First the registry record (incarnation, epoch) and
+/// the request's age: a new incarnation means Redis restarted, was replaced, or a replica
+/// took over: its data may be older than what holders were told, so it begins again ("born"
+/// now) and settles. Every reply starts with a word, `now` (Redis time, ms), `born` and
+/// `rid` (the registry's id, made from the first request's token); a view goes on with the
+/// datacenter's version and, for every id from 0, its holder, the holder's `claim_ttl`, its
+/// floor, high-water mark and released value ('' for none).
 ///
-/// ARGV: 1 incarnation, 2 epoch, 3 dc, 4 the token to write, 5 ttl, 6 cap, 7 sent, 8
-/// largest lead of `sent` over `now`, 9 largest age, 10 how long a new incarnation settles
-/// (all from the core's `ClaimTiming`, so that the numbers live in one place), 11 and 12
-/// the tokens the registry may hold for this server (`RequestTokens::held`: the first, then
-/// the others between newlines); then the script's own, from 13.
-const REDIS_PRELUDE: &str = r#"
+/// ARGV: 1 incarnation, 2 epoch, 3 dc, 4 the token the request writes, 5 sent, 6 largest
+/// lead of `sent` over `now`, 7 largest age (from the core's `ClaimTiming`).
+const REDIS_READ: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local reg = 'snowflake:registry'
@@ -38,113 +49,133 @@ if not rid then
   rid = string.sub(ARGV[4], 1, 16)
   redis.call('HSET', reg, 'id', rid)
 end
-local sent = tonumber(ARGV[7])
-if sent - now > tonumber(ARGV[8]) then return {'ahead', now, born, rid} end
-if now - sent > tonumber(ARGV[9]) then return {'stale', now, born, rid} end
+local sent = tonumber(ARGV[5])
+if sent - now > tonumber(ARGV[6]) then return {'ahead', now, born, rid} end
+if now - sent > tonumber(ARGV[7]) then return {'stale', now, born, rid} end
 local dc = ARGV[3]
-local function key(kind, w) return 'snowflake:' .. kind .. ':' .. dc .. ':' .. w end
-local function mine(v)
-  return v == ARGV[4] or v == ARGV[11] or string.find(ARGV[12], '\n' .. v .. '\n', 1, true) ~= nil
-end
-local function hold(w, token, ttl, cap)
-  redis.call('SET', key('claim', w), token, 'PX', ttl)
-  redis.call('SET', key('ttl', w), ttl, 'PX', ttl)
-  local prev = tonumber(redis.call('GET', key('high_water', w)))
-  if (not prev) or prev < cap then redis.call('SET', key('high_water', w), cap) end
-  redis.call('DEL', key('released', w))
-end
-"#;
-
-/// ARGV: the prelude's, then 13 how long a new incarnation settles for this claim (the
-/// request's `claim_timing`, at least the prelude's), 14 and 15 the `claim_ttl` range other
-/// holders may have (`ClaimTiming::fleet_ttl_range_ms`), then the ids in order (from 16).
-const REDIS_CLAIM: &str = r#"
-local token = ARGV[4]
-local ttl = tonumber(ARGV[5])
-local cap = tonumber(ARGV[6])
--- Nothing while settling, not even an own claim: it may come from a restored dump, released
--- or lapsed before another server took the id (see claim::choose_worker).
-local wait = born + tonumber(ARGV[13]) - now
-if wait > 0 then return {'settling', now, born, rid, wait} end
--- Nothing beside a holder whose claim_ttl is out of range (see claim::ttl_mismatch), among
--- every id of the datacenter (not only those this server asks for: it leaves out ids whose
--- mark is ahead of its clock).
-local low, high, lo, hi, off = tonumber(ARGV[14]), tonumber(ARGV[15]), nil, nil, false
+local out = {'view', now, born, rid, redis.call('GET', 'snowflake:version:' .. dc) or '0'}
 for w = 0, MAX_WORKER_ID do
-  local holder = redis.call('GET', key('claim', w))
-  local t = tonumber(redis.call('GET', key('ttl', w)))
-  if holder and (not mine(holder)) and t then
-    if (not lo) or t < lo then lo = t end
-    if (not hi) or t > hi then hi = t end
-    if t < low or t > high then off = true end
+  for _, kind in ipairs({'claim', 'ttl', 'floor', 'high_water', 'released'}) do
+    table.insert(out, redis.call('GET', 'snowflake:' .. kind .. ':' .. dc .. ':' .. w) or '')
   end
 end
-if off then return {'ttl', now, born, rid, lo, hi} end
-for i = 16, #ARGV do
-  local w = ARGV[i]
-  local holder = redis.call('GET', key('claim', w))
-  if holder and mine(holder) then
-    local hw = redis.call('GET', key('high_water', w)) or ''
-    hold(w, token, ttl, cap)
-    return {'own', now, born, rid, tonumber(w), redis.call('GET', key('floor', w)) or '', hw}
-  end
-end
-for i = 16, #ARGV do
-  local w = ARGV[i]
-  if redis.call('EXISTS', key('claim', w)) == 0 then
-    local mark = tonumber(redis.call('GET', key('released', w)) or redis.call('GET', key('high_water', w)))
-    hold(w, token, ttl, cap)
-    if mark then
-      redis.call('SET', key('floor', w), mark + 1)
-      return {'free', now, born, rid, tonumber(w), mark + 1}
-    end
-    redis.call('DEL', key('floor', w))
-    return {'free', now, born, rid, tonumber(w)}
-  end
-end
-return {'exhausted', now, born, rid, #ARGV - 15}
+return out
 "#;
 
-/// ARGV: the prelude's, then 13 worker, 14 the incarnation's birth the holder knows ('' to
-/// never re-assert).
-const REDIS_RENEW: &str = r#"
-local token = ARGV[4]
-local w = ARGV[13]
-local v = redis.call('GET', key('claim', w))
-local hw = redis.call('GET', key('high_water', w)) or ''
-if v and mine(v) then
-  hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
-  return {'renewed', now, born, rid, hw}
-end
-local known = tonumber(ARGV[14])
-if (not v) and known and known ~= born and born + tonumber(ARGV[10]) > now then
-  hold(w, token, tonumber(ARGV[5]), tonumber(ARGV[6]))
-  return {'renewed', now, born, rid, hw}
-end
-if v then return {'lost', now, born, rid, v} end
-return {'lost', now, born, rid}
+/// Holds an id for a token, if nothing changed since the read: the registry's incarnation
+/// and birth, the datacenter's version, the id's claim; and if the request is still young
+/// enough (it may have waited between the read and this write). The claim and the holder's
+/// `claim_ttl` expire after `ttl`; the mark only rises; a released value is cleared; the
+/// floor is kept, set or deleted. Replies 'held', 'retry', 'ahead' or 'stale'.
+///
+/// ARGV: 1 incarnation, 2 born, 3 dc, 4 version, 5 worker, 6 the claim read ('' none), 7 the
+/// token to write, 8 ttl, 9 cap, 10 'keep', 'set' or 'del' the floor, 11 the floor, 12 sent,
+/// 13 largest lead, 14 largest age.
+const REDIS_HOLD: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local m = redis.call('HMGET', 'snowflake:registry', 'born_ms', 'run_id')
+if m[2] ~= ARGV[1] or tonumber(m[1]) ~= tonumber(ARGV[2]) then return 'retry' end
+local dc, w = ARGV[3], ARGV[5]
+local function key(kind) return 'snowflake:' .. kind .. ':' .. dc .. ':' .. w end
+local version = 'snowflake:version:' .. dc
+if (redis.call('GET', version) or '0') ~= ARGV[4] then return 'retry' end
+if (redis.call('GET', key('claim')) or '') ~= ARGV[6] then return 'retry' end
+local sent = tonumber(ARGV[12])
+if sent - now > tonumber(ARGV[13]) then return 'ahead' end
+if now - sent > tonumber(ARGV[14]) then return 'stale' end
+local ttl, cap = tonumber(ARGV[8]), tonumber(ARGV[9])
+redis.call('SET', key('claim'), ARGV[7], 'PX', ttl)
+redis.call('SET', key('ttl'), ttl, 'PX', ttl)
+local prev = tonumber(redis.call('GET', key('high_water')))
+if (not prev) or prev < cap then redis.call('SET', key('high_water'), cap) end
+redis.call('DEL', key('released'))
+if ARGV[10] == 'set' then redis.call('SET', key('floor'), ARGV[11]) end
+if ARGV[10] == 'del' then redis.call('DEL', key('floor')) end
+redis.call('INCR', version)
+return 'held'
 "#;
 
-/// KEYS: claim, high water, released, floor, the holder's claim_ttl. ARGV: released ('' for
-/// none), then the holder's tokens (`RequestTokens`: the one it writes, the first held, the
-/// others between newlines). The mark only rises; the released value (never below
-/// the holder's floor) is the next floor.
+/// Ends a claim at a release, if the claim and the datacenter's version are as read: the
+/// claim and the holder's `claim_ttl` deleted, the mark and the released value set as the
+/// core computed them (`Marks::released`; '' leaves them). Replies 'released' or 'retry'.
+///
+/// KEYS: claim, high water, released, the holder's claim_ttl, the datacenter's version.
+/// ARGV: 1 the claim read, 2 the version read, 3 the mark, 4 the released value.
 const REDIS_RELEASE: &str = r#"
-local v = redis.call('GET', KEYS[1])
-if not (v and (v == ARGV[2] or v == ARGV[3] or string.find(ARGV[4], '\n' .. v .. '\n', 1, true))) then
-  return 0
-end
-redis.call('DEL', KEYS[1], KEYS[5])
-v = tonumber(ARGV[1])
-if v then
-  local floor = tonumber(redis.call('GET', KEYS[4]))
-  if floor and floor > v then v = floor end
-  local hw = tonumber(redis.call('GET', KEYS[2]))
-  if (not hw) or hw < v then redis.call('SET', KEYS[2], v) end
-  redis.call('SET', KEYS[3], v)
-end
-return 1
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 'retry' end
+if (redis.call('GET', KEYS[5]) or '0') ~= ARGV[2] then return 'retry' end
+redis.call('DEL', KEYS[1], KEYS[4])
+if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
+if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4]) end
+redis.call('INCR', KEYS[5])
+return 'released'
 "#;
+
+/// One id as [`REDIS_READ`] read it.
+#[derive(Debug, Clone, Default)]
+struct IdKeys {
+    holder: Option<String>,
+    ttl_ms: Option<u64>,
+    marks: Marks,
+}
+
+/// A datacenter as [`REDIS_READ`] read it.
+struct View {
+    now: i64,
+    born: i64,
+    version: String,
+    ids: Vec<IdKeys>,
+}
+
+impl View {
+    /// The live claims, for the core's rules.
+    fn live(&self) -> Vec<LiveClaim<'_>> {
+        self.ids
+            .iter()
+            .enumerate()
+            .filter_map(|(w, id)| {
+                Some(LiveClaim {
+                    worker_id: w as u8,
+                    holder: id.holder.as_deref()?,
+                    from_before_loss: false,
+                    holder_ttl_ms: id.ttl_ms,
+                    floor_unix_ms: id.marks.floor_unix_ms,
+                    high_water_unix_ms: id.marks.high_water_unix_ms,
+                })
+            })
+            .collect()
+    }
+
+    fn id(&self, worker_id: u8) -> IdKeys {
+        self.ids
+            .get(usize::from(worker_id))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// What a read gave: a view, or a verdict on the request.
+enum Read {
+    View(View),
+    Epoch(i64),
+    Rejected(RequestAge),
+}
+
+/// A release's read: the claim, its floor, mark and released value, the version.
+type ReleaseRead = (
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+);
+
+/// What [`REDIS_HOLD`] does with the floor.
+enum FloorWrite {
+    Keep,
+    Set(Option<i64>),
+}
 
 /// A Redis registry: one server, or the master that the sentinels name.
 pub struct RedisRegistry {
@@ -156,8 +187,8 @@ pub struct RedisRegistry {
     /// The sentinels' configuration epoch as of this request (see
     /// [`Sentinels::master_address`]); None for one server.
     sentinel_epoch: Option<i64>,
-    claim: redis::Script,
-    renew: redis::Script,
+    read: redis::Script,
+    hold: redis::Script,
     release: redis::Script,
     /// The password sent to the Redis servers (not to the sentinels), for
     /// [`Registry::password`].
@@ -330,11 +361,10 @@ impl RedisRegistry {
             connection: None,
             connected_to: String::new(),
             sentinel_epoch: None,
-            claim: redis::Script::new(&format!(
-                "{REDIS_PRELUDE}{}",
-                REDIS_CLAIM.replace("MAX_WORKER_ID", &MAX_WORKER_ID.to_string())
-            )),
-            renew: redis::Script::new(&format!("{REDIS_PRELUDE}{REDIS_RENEW}")),
+            read: redis::Script::new(
+                &REDIS_READ.replace("MAX_WORKER_ID", &MAX_WORKER_ID.to_string()),
+            ),
+            hold: redis::Script::new(REDIS_HOLD),
             release: redis::Script::new(REDIS_RELEASE),
             password,
         })
@@ -384,48 +414,43 @@ impl RedisRegistry {
         result
     }
 
-    /// Runs one of the prelude's scripts for `request` with `extra` arguments; returns the
-    /// reply's word and the rest, and what was observed.
-    fn invoke(
+    /// The incarnation as the records name it: the server's, and the sentinels' epoch.
+    fn incarnation(con: &mut Bounded, sentinel_epoch: Option<i64>) -> Result<String> {
+        let incarnation = redis_incarnation(con)?;
+        Ok(match sentinel_epoch {
+            Some(epoch) => format!("{incarnation}/epoch {epoch}"),
+            None => incarnation,
+        })
+    }
+
+    /// Reads the request's datacenter ([`REDIS_READ`]), with what was observed.
+    fn read(
         con: &mut Bounded,
         sentinel_epoch: Option<i64>,
         script: &redis::Script,
         request: &ClaimRequest,
-        extra: &[String],
-    ) -> Result<(String, Vec<redis::Value>, Observed)> {
-        let mut incarnation = redis_incarnation(con)?;
-        if let Some(epoch) = sentinel_epoch {
-            incarnation = format!("{incarnation}/epoch {epoch}");
-        }
+    ) -> Result<(Read, Observed)> {
         let timing = request.timing();
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .arg(incarnation)
+        let value: redis::Value = script
+            .prepare_invoke()
+            .arg(Self::incarnation(con, sentinel_epoch)?)
             .arg(request.epoch_unix_ms)
             .arg(request.datacenter_id)
             .arg(&request.tokens.write)
-            .arg(request.ttl_ms)
-            .arg(request.cap_unix_ms)
             .arg(request.sent_unix_ms)
             .arg(timing.max_request_lead_ms())
             .arg(timing.max_request_age_ms())
-            .arg(timing.settle_ms())
-            .arg(&request.tokens.held[0])
-            .arg(newline_list(&request.tokens.held[1..]));
-        for arg in extra {
-            invocation.arg(arg);
-        }
-        let value: redis::Value = invocation.invoke(con)?;
+            .invoke(con)?;
         let received = wall_ms();
         let redis::Value::Array(items) = value else {
             return Err(RegistryError(format!("unexpected reply {value:?}")));
         };
         let mut items = items.into_iter();
-        let word: String = redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
-        let now: i64 = redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
-        let born: i64 = redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
-        let registry_id: Option<String> =
-            redis::from_redis_value(items.next().unwrap_or(redis::Value::Nil))?;
+        let mut next = || items.next().unwrap_or(redis::Value::Nil);
+        let word: String = redis::from_redis_value(next())?;
+        let now: i64 = redis::from_redis_value(next())?;
+        let born: i64 = redis::from_redis_value(next())?;
+        let registry_id: Option<String> = redis::from_redis_value(next())?;
         let observed = Observed {
             sample: ClockSample {
                 sent_unix_ms: request.sent_unix_ms,
@@ -436,7 +461,100 @@ impl RedisRegistry {
             born_unix_ms: born,
             registry_id: registry_id.as_deref().and_then(parse_registry_id),
         };
-        Ok((word, items.collect(), observed))
+        let read = match word.as_str() {
+            "view" => {
+                let version = text_of(next())?;
+                let mut ids = Vec::with_capacity(usize::from(MAX_WORKER_ID) + 1);
+                for _ in 0..=MAX_WORKER_ID {
+                    let holder = Some(text_of(next())?).filter(|h| !h.is_empty());
+                    let ttl_ms = int_of(next())?.map(|t| t.max(0) as u64);
+                    let marks = Marks {
+                        floor_unix_ms: int_of(next())?,
+                        high_water_unix_ms: int_of(next())?,
+                        released_unix_ms: int_of(next())?,
+                        holder_ttl_ms: None,
+                    };
+                    ids.push(IdKeys {
+                        holder,
+                        ttl_ms,
+                        marks,
+                    });
+                }
+                Read::View(View {
+                    now,
+                    born,
+                    version,
+                    ids,
+                })
+            }
+            "epoch" => Read::Epoch(int_of(next())?.unwrap_or(0)),
+            "ahead" => Read::Rejected(RequestAge::Ahead),
+            "stale" => Read::Rejected(RequestAge::Stale),
+            other => return Err(RegistryError(format!("unexpected reply \"{other}\""))),
+        };
+        Ok((read, observed))
+    }
+
+    /// Holds `worker_id` for the request's token if nothing changed since `view`
+    /// ([`REDIS_HOLD`]): 'held', 'retry', 'ahead' or 'stale'.
+    #[allow(clippy::too_many_arguments)]
+    fn hold(
+        con: &mut Bounded,
+        sentinel_epoch: Option<i64>,
+        script: &redis::Script,
+        request: &ClaimRequest,
+        view: &View,
+        worker_id: u8,
+        floor: FloorWrite,
+    ) -> Result<String> {
+        let timing = request.timing();
+        let read_holder = view.id(worker_id).holder.unwrap_or_default();
+        let (floor_op, floor_value) = match floor {
+            FloorWrite::Keep => ("keep", String::new()),
+            FloorWrite::Set(Some(f)) => ("set", f.to_string()),
+            FloorWrite::Set(None) => ("del", String::new()),
+        };
+        let word: String = script
+            .prepare_invoke()
+            .arg(Self::incarnation(con, sentinel_epoch)?)
+            .arg(view.born)
+            .arg(request.datacenter_id)
+            .arg(&view.version)
+            .arg(worker_id)
+            .arg(read_holder)
+            .arg(&request.tokens.write)
+            .arg(request.ttl_ms)
+            .arg(request.cap_unix_ms)
+            .arg(floor_op)
+            .arg(floor_value)
+            .arg(request.sent_unix_ms)
+            .arg(timing.max_request_lead_ms())
+            .arg(timing.max_request_age_ms())
+            .invoke(con)?;
+        Ok(word)
+    }
+
+    fn contended() -> RegistryError {
+        RegistryError(format!(
+            "the Redis registry's keys changed under each of {ATTEMPTS} attempts"
+        ))
+    }
+}
+
+/// A reply's text ('' for nil).
+fn text_of(value: redis::Value) -> Result<String> {
+    match value {
+        redis::Value::Nil => Ok(String::new()),
+        v => Ok(redis::from_redis_value(v)?),
+    }
+}
+
+/// A reply's integer: None for nil or ''.
+fn int_of(value: redis::Value) -> Result<Option<i64>> {
+    match value {
+        redis::Value::Nil => Ok(None),
+        redis::Value::BulkString(b) if b.is_empty() => Ok(None),
+        v => Ok(Some(redis::from_redis_value(v)?)),
     }
 }
 
@@ -593,88 +711,42 @@ fn check_is_master(con: &mut Bounded, address: &str) -> Result<()> {
     Ok(())
 }
 
-/// Tokens for a script's plain search of `\n TOKEN \n`: each between newlines (a token has
-/// none: hex, `@`, the host name and the port).
-fn newline_list(tokens: &[String]) -> String {
-    let mut list = String::from("\n");
-    for t in tokens {
-        list.push_str(t);
-        list.push('\n');
-    }
-    list
-}
-
-/// The integer at `i` of a reply's rest: None when absent, nil, or '' (a script's stand-in
-/// for nil before a later value: a Lua table ends at its first nil).
-fn int_at(rest: &[redis::Value], i: usize) -> Result<Option<i64>> {
-    match rest.get(i) {
-        None | Some(redis::Value::Nil) => Ok(None),
-        Some(redis::Value::BulkString(b)) if b.is_empty() => Ok(None),
-        Some(v) => Ok(Some(redis::from_redis_value(v.clone())?)),
-    }
-}
-
-/// The request-age verdicts of the prelude.
-fn rejected(word: &str) -> Option<RequestAge> {
-    match word {
-        "ahead" => Some(RequestAge::Ahead),
-        "stale" => Some(RequestAge::Stale),
-        _ => None,
-    }
-}
-
 impl Registry for RedisRegistry {
     fn claim(&mut self, request: &ClaimRequest) -> Result<(ClaimReply, Observed)> {
-        let script = self.claim.clone();
+        let (read, hold) = (self.read.clone(), self.hold.clone());
         self.with(|con, epoch| {
-            let (low, high) = request.timing().fleet_ttl_range_ms();
-            let settle = request.claim_timing().settle_ms();
-            let args: Vec<String> = [settle, low, high]
-                .iter()
-                .map(|v| v.to_string())
-                .chain(request.order.iter().map(|w| w.to_string()))
-                .collect();
-            let (word, rest, observed) = Self::invoke(con, epoch, &script, request, &args)?;
-            let int = |i| int_at(&rest, i);
-            let worker = |i| -> Result<u8> {
-                int(i)?
-                    .and_then(|w| u8::try_from(w).ok())
-                    .ok_or_else(|| RegistryError("a reply without a worker id".into()))
-            };
-            let reply = match word.as_str() {
-                "own" => ClaimReply::Granted {
-                    worker_id: worker(0)?,
-                    granted: Granted::Own,
-                    floor_unix_ms: int(1)?,
-                    quarantine_ms: 0,
-                    inherited_unix_ms: int(2)?,
-                },
-                "free" => ClaimReply::Granted {
-                    worker_id: worker(0)?,
-                    granted: Granted::Free,
-                    floor_unix_ms: int(1)?,
-                    quarantine_ms: 0,
-                    inherited_unix_ms: None,
-                },
-                "settling" => ClaimReply::Settling {
-                    wait_ms: int(0)?.unwrap_or(0).max(0) as u64,
-                },
-                "exhausted" => ClaimReply::Exhausted {
-                    taken: int(0)?.unwrap_or(0) as u32,
-                },
-                "epoch" => ClaimReply::EpochMismatch {
-                    registry_epoch_unix_ms: int(0)?.unwrap_or(0),
-                },
-                "ttl" => ClaimReply::TtlMismatch {
-                    others_min_ms: int(0)?.unwrap_or(0).max(0) as u64,
-                    others_max_ms: int(1)?.unwrap_or(0).max(0) as u64,
-                },
-                other => match rejected(other) {
-                    Some(age) => ClaimReply::Rejected(age),
-                    None => return Err(RegistryError(format!("unexpected reply \"{other}\""))),
-                },
-            };
-            Ok((reply, observed))
+            for _ in 0..ATTEMPTS {
+                let (view, observed) = match Self::read(con, epoch, &read, request)? {
+                    (Read::View(view), observed) => (view, observed),
+                    (Read::Epoch(e), observed) => {
+                        let reply = ClaimReply::EpochMismatch {
+                            registry_epoch_unix_ms: e,
+                        };
+                        return Ok((reply, observed));
+                    }
+                    (Read::Rejected(age), observed) => {
+                        return Ok((ClaimReply::Rejected(age), observed))
+                    }
+                };
+                let settle = request.claim_timing().settle_wait_ms(view.born, view.now);
+                let decision = registry_rules::decide_claim(request, settle, &view.live());
+                let (worker_id, floor, free_floor) = match decision {
+                    ClaimDecision::Own { worker_id, .. } => (worker_id, FloorWrite::Keep, None),
+                    ClaimDecision::Free { worker_id } => {
+                        let floor = view.id(worker_id).marks.free_grant_floor();
+                        (worker_id, FloorWrite::Set(floor), floor)
+                    }
+                    _ => return Ok((decision.reply(0, None), observed)),
+                };
+                match Self::hold(con, epoch, &hold, request, &view, worker_id, floor)?.as_str() {
+                    "held" => return Ok((decision.reply(0, free_floor), observed)),
+                    "retry" => continue,
+                    "ahead" => return Ok((ClaimReply::Rejected(RequestAge::Ahead), observed)),
+                    "stale" => return Ok((ClaimReply::Rejected(RequestAge::Stale), observed)),
+                    other => return Err(RegistryError(format!("unexpected reply \"{other}\""))),
+                }
+            }
+            Err(Self::contended())
         })
     }
 
@@ -684,38 +756,48 @@ impl Registry for RedisRegistry {
         worker_id: u8,
         reassert_known_born: Option<i64>,
     ) -> Result<(RenewReply, Observed)> {
-        let script = self.renew.clone();
+        let (read, hold) = (self.read.clone(), self.hold.clone());
         self.with(|con, epoch| {
-            let extra = [
-                worker_id.to_string(),
-                reassert_known_born
-                    .map(|b| b.to_string())
-                    .unwrap_or_default(),
-            ];
-            let (word, rest, observed) = Self::invoke(con, epoch, &script, request, &extra)?;
-            let reply = match word.as_str() {
-                "renewed" => RenewReply::Renewed {
-                    inherited_unix_ms: int_at(&rest, 0)?,
-                },
-                "lost" => RenewReply::Lost {
-                    holder: match rest.first() {
-                        Some(v @ redis::Value::BulkString(_)) => {
-                            Some(redis::from_redis_value(v.clone())?)
-                        }
-                        _ => None,
-                    },
-                },
-                "epoch" => {
-                    return Err(RegistryError(
-                        "the registry now records another epoch for the fleet".into(),
-                    ))
+            for _ in 0..ATTEMPTS {
+                let (view, observed) = match Self::read(con, epoch, &read, request)? {
+                    (Read::View(view), observed) => (view, observed),
+                    (Read::Epoch(_), _) => {
+                        return Err(RegistryError(
+                            "the registry now records another epoch for the fleet".into(),
+                        ))
+                    }
+                    (Read::Rejected(age), observed) => {
+                        return Ok((RenewReply::Rejected(age), observed))
+                    }
+                };
+                let reassert = reassert_known_born
+                    .is_some_and(|known| request.timing().may_reassert(known, view.born, view.now));
+                let live = view.live();
+                let own = live.iter().find(|c| c.worker_id == worker_id);
+                let high_water = view.id(worker_id).marks.high_water_unix_ms;
+                let reply = registry_rules::decide_renew(request, own, high_water, reassert);
+                if !matches!(reply, RenewReply::Renewed { .. }) {
+                    return Ok((reply, observed));
                 }
-                other => match rejected(other) {
-                    Some(age) => RenewReply::Rejected(age),
-                    None => return Err(RegistryError(format!("unexpected reply \"{other}\""))),
-                },
-            };
-            Ok((reply, observed))
+                match Self::hold(
+                    con,
+                    epoch,
+                    &hold,
+                    request,
+                    &view,
+                    worker_id,
+                    FloorWrite::Keep,
+                )?
+                .as_str()
+                {
+                    "held" => return Ok((reply, observed)),
+                    "retry" => continue,
+                    "ahead" => return Ok((RenewReply::Rejected(RequestAge::Ahead), observed)),
+                    "stale" => return Ok((RenewReply::Rejected(RequestAge::Stale), observed)),
+                    other => return Err(RegistryError(format!("unexpected reply \"{other}\""))),
+                }
+            }
+            Err(Self::contended())
         })
     }
 
@@ -729,18 +811,48 @@ impl Registry for RedisRegistry {
         let script = self.release.clone();
         self.with(|con, _| {
             let key = |kind: &str| format!("snowflake:{kind}:{datacenter_id}:{worker_id}");
-            let _: i64 = script
-                .key(key("claim"))
-                .key(key("high_water"))
-                .key(key("released"))
-                .key(key("floor"))
-                .key(key("ttl"))
-                .arg(released_unix_ms.map(|v| v.to_string()).unwrap_or_default())
-                .arg(&tokens.write)
-                .arg(&tokens.held[0])
-                .arg(newline_list(&tokens.held[1..]))
-                .invoke(con)?;
-            Ok(())
+            let version = format!("snowflake:version:{datacenter_id}");
+            for _ in 0..ATTEMPTS {
+                // One MGET: a consistent read of the claim, its marks and the version.
+                let (holder, floor, high_water, released, read_version): ReleaseRead =
+                    redis::cmd("MGET")
+                        .arg(key("claim"))
+                        .arg(key("floor"))
+                        .arg(key("high_water"))
+                        .arg(key("released"))
+                        .arg(&version)
+                        .query(con)?;
+                if !registry_rules::release_counts(tokens, holder.as_deref()) {
+                    return Ok(());
+                }
+                let marks = Marks {
+                    high_water_unix_ms: high_water,
+                    floor_unix_ms: floor,
+                    released_unix_ms: released,
+                    holder_ttl_ms: None,
+                }
+                .released(released_unix_ms);
+                let (mark, value) = match released_unix_ms {
+                    Some(_) => (marks.high_water_unix_ms, marks.released_unix_ms),
+                    None => (None, None),
+                };
+                let text = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
+                let word: String = script
+                    .key(key("claim"))
+                    .key(key("high_water"))
+                    .key(key("released"))
+                    .key(key("ttl"))
+                    .key(&version)
+                    .arg(holder.unwrap_or_default())
+                    .arg(read_version.unwrap_or_else(|| "0".into()))
+                    .arg(text(mark))
+                    .arg(text(value))
+                    .invoke(con)?;
+                if word != "retry" {
+                    return Ok(());
+                }
+            }
+            Err(Self::contended())
         })
     }
 
