@@ -703,6 +703,31 @@ pub fn write_last_claim(data_dir: &Path, claim: &LastClaim) -> io::Result<()> {
     write_json(data_dir, CLAIM_FILE, claim)
 }
 
+/// File with the longest `claim_ttl` of another holder of this server's datacenter that a
+/// registry named when it refused this server an id (issue 37, path 1): this server's claims
+/// settle for it after a loss of the registry's records, also after this server restarts
+/// (the records that would show that holder are what a loss erases). Kept until a grant,
+/// which a registry makes only once it has settled for that `claim_ttl` and sees no holder
+/// out of ratio.
+pub const FLEET_TTL_FILE: &str = "snowflake.fleet_ttl";
+
+/// What [`FLEET_TTL_FILE`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetTtl {
+    /// The longest `claim_ttl` (ms) a refusal named; 0 for none.
+    pub longest_claim_ttl_ms: u64,
+}
+
+/// Reads the fleet ttl file (None: absent).
+pub fn read_fleet_ttl(data_dir: &Path) -> io::Result<Option<FleetTtl>> {
+    read_json(data_dir, FLEET_TTL_FILE, "fleet claim_ttl file")
+}
+
+/// Writes the fleet ttl file atomically and durably.
+pub fn write_fleet_ttl(data_dir: &Path, value: &FleetTtl) -> io::Result<()> {
+    write_json(data_dir, FLEET_TTL_FILE, value)
+}
+
 /// File with the registry worker's claim tokens ([`crate::claim::ClaimTokens`]), replaced
 /// before every grant and renewal. Only the worker's own restarts and the server's crash
 /// restarts read it (the postmaster lives on, and the page cache with it), so it is written

@@ -167,6 +167,9 @@ pub enum Effect {
     },
     /// The claim file could not be written: the grant is given back (a WARNING).
     ClaimFileFailed(String),
+    /// Keep the longest `claim_ttl` (ms) a refusal named (0: forget it) in
+    /// `durable::FLEET_TTL_FILE`, so that a restart remembers it.
+    RememberFleetTtl(u64),
 }
 
 /// What comes after an event.
@@ -211,6 +214,8 @@ pub enum Reply {
 /// The request in flight.
 #[derive(Debug, Clone)]
 struct InFlight {
+    /// This server's clocks when the request was sent.
+    sent: Now,
     /// The fence the request grants if it succeeds.
     fence: Fence,
     /// The held id and its fence, for a renewal.
@@ -224,6 +229,8 @@ struct InFlight {
 /// A grant waiting for its claim file.
 #[derive(Debug, Clone)]
 struct Recording {
+    /// This server's clocks when the claim was sent.
+    sent: Now,
     worker_id: u8,
     own: bool,
     floor_unix_ms: i64,
@@ -271,22 +278,24 @@ pub struct Holder {
     registry_clock: Option<(i64, ClockSample)>,
     /// The longest `claim_ttl` (ms) of another holder of the datacenter that a refusal
     /// named (0: none): this server's claims settle for it (`ClaimRequest::fleet_ttl_ms`).
-    /// Kept in memory only: a restart forgets it.
+    /// Kept in a file ([`Effect::RememberFleetTtl`]) until a grant.
     fleet_ttl_ms: u64,
     in_flight: Option<InFlight>,
     recording: Option<Recording>,
 }
 
 impl Holder {
-    /// A worker starting. `postmaster` is this postmaster's own token; `token_file` and
-    /// `recorded` are the token file and the claim file as read. A token file of another
-    /// postmaster (a restart, a copy of the data directory) is not this server's.
+    /// A worker starting. `postmaster` is this postmaster's own token; `token_file`,
+    /// `recorded` and `fleet_ttl_ms` are the token file, the claim file and the fleet ttl
+    /// file as read (0: none). A token file of another postmaster (a restart, a copy of the
+    /// data directory) is not this server's.
     pub fn start(
         settings: HolderSettings,
         rules: HolderRules,
         postmaster: &str,
         token_file: Option<ClaimTokens>,
         recorded: Option<LastClaim>,
+        fleet_ttl_ms: u64,
     ) -> Holder {
         let tokens = token_file
             .filter(|t| t.postmaster == postmaster)
@@ -309,7 +318,11 @@ impl Holder {
             last_failure: String::new(),
             quarantine_until_mono_ms: None,
             registry_clock: None,
-            fleet_ttl_ms: 0,
+            fleet_ttl_ms: if rules.settle_for_refused_ttl {
+                fleet_ttl_ms
+            } else {
+                0
+            },
             in_flight: None,
             recording: None,
         }
@@ -394,6 +407,7 @@ impl Holder {
             fleet_ttl_ms: self.fleet_ttl_ms,
         };
         self.in_flight = Some(InFlight {
+            sent: now,
             fence,
             renewing: self.held,
             claim_timing: request.claim_timing(),
@@ -494,6 +508,19 @@ impl Holder {
                 }
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
                 self.watch_registry_clock(effects, &observed);
+                if in_flight.fence.expired(now.mono_ms) {
+                    // Read after the fence it grants had ended (this server was stopped, or the
+                    // reply held up): nothing to install, and the claim ends like after a
+                    // failed renewal, so that no status reads "held" under an ended fence.
+                    let late =
+                        now.mono_ms - in_flight.fence.deadline_mono_ms + timing.fence_reach_ms();
+                    let why = format!(
+                        "The registry renewed this server's claim of worker id {worker_id}, but its reply was read {late} ms after the renewal was sent, after the fence it grants ({} ms) had ended: the server was stopped or the reply held up.",
+                        timing.fence_reach_ms()
+                    );
+                    self.failed_renewal(effects, old, now, &why);
+                    return 1;
+                }
                 self.install(effects, worker_id, in_flight.fence, now);
                 self.report_installed(effects, worker_id, expiry(&observed, timing), now)
             }
@@ -629,6 +656,7 @@ impl Holder {
                         .or(last_registry),
                 };
                 self.recording = Some(Recording {
+                    sent: in_flight.sent,
                     worker_id,
                     own: matches!(granted, Granted::Own),
                     floor_unix_ms: floor,
@@ -683,8 +711,9 @@ impl Holder {
                 // After a loss of the registry's records this server settles (and, on etcd,
                 // waits out a grant's quarantine) for the longest claim_ttl it was refused
                 // beside, not its own.
-                if self.rules.settle_for_refused_ttl {
-                    self.fleet_ttl_ms = self.fleet_ttl_ms.max(others_max_ms);
+                if self.rules.settle_for_refused_ttl && others_max_ms > self.fleet_ttl_ms {
+                    self.fleet_ttl_ms = others_max_ms;
+                    effects.push(Effect::RememberFleetTtl(others_max_ms));
                 }
                 let why = format!(
                     "Servers holding worker ids of datacenter {datacenter_id} have snowflake.claim_ttl from {others_min_ms} ms to {others_max_ms} ms; this server's is {} ms. One datacenter's servers may differ by at most a fifth: after the registry loses its data, a server with a much shorter claim_ttl could be given an id that one with a longer claim_ttl still uses.",
@@ -745,12 +774,31 @@ impl Holder {
         // up, a retry on another member; and the clock sample is taken before the step's
         // reads, so it is not the reply's time: issue 37's second review), and its IDs start
         // at or above that time on this server's clock, whatever the clock does meanwhile.
-        let quarantine = Quarantine::after_reply(grant.quarantine_ms, now.unix_ms, now.mono_ms);
+        // Counted on the wall clock as the skew check saw it at the send, moved on by the
+        // monotonic clock, if that is later than the wall clock now: a clock stepped back
+        // around the reply (after the check) would otherwise start the IDs below a cap the
+        // quarantine must clear (helper-14's review: 7,750 and 11,800 duplicates on etcd at
+        // claim_ttl 60 s with an 8 s step back at the reply).
+        let since_sent = now.mono_ms.saturating_sub(grant.sent.mono_ms);
+        let checked_now = grant.sent.unix_ms.saturating_add(since_sent as i64);
+        let quarantine = Quarantine::after_reply(
+            grant.quarantine_ms,
+            now.unix_ms.max(checked_now),
+            now.mono_ms,
+        );
         let floor = quarantine.map_or(grant.floor_unix_ms, |q| {
             grant.floor_unix_ms.max(q.first_id_unix_ms)
         });
         self.recorded = Some(grant.last);
         self.preferred = Some(grant.worker_id);
+        if self.fleet_ttl_ms > 0 {
+            // A registry grants only once it has settled for the longer claim_ttl this
+            // server remembers, and only when no live holder's claim_ttl is out of ratio
+            // with this server's: a holder with that claim_ttl would show (renewing, or
+            // re-asserting a claim the registry lost), or its fence has ended.
+            self.fleet_ttl_ms = 0;
+            effects.push(Effect::RememberFleetTtl(0));
+        }
         self.inherited_unix_ms = grant.inherited_unix_ms.unwrap_or(i64::MIN);
         effects.push(Effect::RaiseFloor(floor));
         self.floor_unix_ms = floor;
@@ -979,6 +1027,7 @@ mod tests {
             "pm@host:5432",
             None,
             recorded,
+            0,
         )
     }
 
@@ -1169,6 +1218,33 @@ mod tests {
     }
 
     #[test]
+    fn a_renewal_read_after_its_fence_ended_ends_the_claim() {
+        let mut h = claimed(4);
+        h.begin(at(2_000), Some("b".into()), LEAD);
+        let renewed = Reply::Renew(RenewReply::Renewed {
+            inherited_unix_ms: None,
+        });
+        // Stopped for 9 s with the reply in its socket: read after the new fence's end.
+        let step = h.on_reply(
+            Ok((renewed, observed(at(2_000), at(11_000), 0))),
+            at(11_000),
+        );
+        assert!(installs(&step.effects).is_empty());
+        assert!(step.effects.contains(&Effect::StopGenerator));
+        assert_eq!(h.held(), None);
+        assert!(!step.effects.iter().any(|e| matches!(
+            e,
+            Effect::Report {
+                status: ClaimStatus::Held,
+                ..
+            }
+        )));
+        // The token it wrote is confirmed: the next claim takes the id back as its own.
+        assert_eq!(h.tokens().current, "b@host:5432");
+        assert_eq!(step.next, Next::Wait(1));
+    }
+
+    #[test]
     fn a_renewal_lost_to_a_memory_copy_says_so() {
         let mut h = claimed(4);
         h.begin(at(2_000), Some("b".into()), LEAD);
@@ -1243,6 +1319,28 @@ mod tests {
     }
 
     #[test]
+    fn a_quarantine_counts_from_the_checked_clock_when_the_clock_stepped_back_at_the_reply() {
+        let mut h = holder(None);
+        h.begin(at(0), Some("a".into()), LEAD);
+        // The sample (send and receipt) is checked; then the wall clock steps back 8 s
+        // before the reply is handled, 500 ms after the send.
+        h.on_reply(
+            Ok((granted(5, None, 7_000), observed(at(0), at(5), 0))),
+            at(5),
+        );
+        let stepped = Now {
+            unix_ms: T0 + 500 - 8_000,
+            mono_ms: at(500).mono_ms,
+        };
+        let step = h.on_recorded(Ok(()), stepped);
+        assert!(
+            step.effects.contains(&Effect::RaiseFloor(T0 + 500 + 7_000)),
+            "{:?}",
+            step.effects
+        );
+    }
+
+    #[test]
     fn another_registry_is_refused_and_the_grant_given_back() {
         let recorded = LastClaim {
             datacenter_id: 1,
@@ -1303,6 +1401,41 @@ mod tests {
         };
         assert_eq!(request.fleet_ttl_ms, 30_000);
         assert_eq!(request.claim_timing().ttl_ms(), 30_000);
+    }
+
+    #[test]
+    fn the_longer_claim_ttl_is_kept_in_a_file_until_a_grant() {
+        let mut h = holder(None);
+        h.begin(at(0), Some("a".into()), LEAD);
+        let refused = Reply::Claim(ClaimReply::TtlMismatch {
+            others_min_ms: 30_000,
+            others_max_ms: 30_000,
+        });
+        let step = h.on_reply(Ok((refused.clone(), observed(at(0), at(5), 0))), at(5));
+        assert!(step.effects.contains(&Effect::RememberFleetTtl(30_000)));
+        // Named again: nothing new to keep.
+        h.begin(at(2_000), Some("b".into()), LEAD);
+        let step = h.on_reply(Ok((refused, observed(at(2_000), at(2_005), 0))), at(2_005));
+        assert!(!step
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::RememberFleetTtl(_))));
+        // A restart reads it back; a grant forgets it.
+        let mut h = Holder::start(
+            settings(),
+            HolderRules::PRODUCT,
+            "pm2@host:5432",
+            None,
+            None,
+            30_000,
+        );
+        let Next::Claim(request) = h.begin(at(0), Some("c".into()), LEAD).next else {
+            panic!("expected a claim");
+        };
+        assert_eq!(request.fleet_ttl_ms, 30_000);
+        h.on_reply(Ok((granted(1, None, 0), observed(at(0), at(5), 0))), at(5));
+        let step = h.on_recorded(Ok(()), at(6));
+        assert!(step.effects.contains(&Effect::RememberFleetTtl(0)));
     }
 
     /// One event of a holder's life, for the property below.

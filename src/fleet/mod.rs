@@ -83,6 +83,10 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
     // claim it holds is still its own. Any other file is ignored.
     let token_file = durable::read_claim_tokens(&data_dir()).ok().flatten();
     let recorded = durable::read_last_claim(&data_dir()).ok().flatten();
+    let fleet_ttl_ms = durable::read_fleet_ttl(&data_dir())
+        .ok()
+        .flatten()
+        .map_or(0, |f| f.longest_claim_ttl_ms);
     let options = registry::Options {
         timeout: Duration::from_millis(settings.timing.heartbeat_ms()),
         ca_file: gucs::registry_ca_file(),
@@ -95,6 +99,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
             &postmaster,
             token_file,
             recorded,
+            fleet_ttl_ms,
         ),
         config,
         token_file_failed: false,
@@ -308,6 +313,16 @@ impl Worker {
                     allowed_ms,
                 } => errors::registry_clock_jumped(&uri, before_ms, after_ms, allowed_ms).warn(),
                 Effect::ClaimFileFailed(why) => errors::claim_setup(&why).warn(),
+                Effect::RememberFleetTtl(longest_claim_ttl_ms) => {
+                    let value = durable::FleetTtl {
+                        longest_claim_ttl_ms,
+                    };
+                    // Its loss costs only the memory: a WARNING, and the claims go on.
+                    if let Err(e) = durable::write_fleet_ttl(&data_dir(), &value) {
+                        let why = format!("could not write {}: {e}", durable::FLEET_TTL_FILE);
+                        errors::claim_setup(&why).warn();
+                    }
+                }
             }
         }
     }

@@ -784,7 +784,8 @@ class FleetAssumptions(FleetFaultBase):
     claim_ttl on a running fleet (path 1)."""
 
     def holder_cut_off_then_registry_restarted(self, ttl_h, ttl_c, clock_h_ms, clock_c_ms,
-                                               jump_ms, what, c_refused_first=False):
+                                               jump_ms, what, c_refused_first=False,
+                                               c_restarted=False):
         """Holder H (claim_ttl `ttl_h`, clock `clock_h_ms` off the registry's) writes under
         worker w, the datacenter's only free id; right after one of its renewals it is cut
         off from Redis, which restarts empty with its clock `jump_ms` back. Newcomer C
@@ -792,8 +793,9 @@ class FleetAssumptions(FleetFaultBase):
         first request begins the new incarnation and it is granted w once that settled,
         with no mark (the registry is empty), so its IDs start at its own clock. C writes
         until its clock has passed H's last timestamp by a second. `c_refused_first`: C
-        runs already before the cut, refused beside H (its claim_ttl out of ratio). Returns
-        the duplicates (and reports the figures)."""
+        runs already before the cut, refused beside H (its claim_ttl out of ratio);
+        `c_restarted`: C is then restarted before the cut (a new postmaster, its memory gone).
+        Returns the duplicates (and reports the figures)."""
         redis = self.started(ShiftedRedis())
         for w in range(1, WORKERS):
             redis.hold(DC, w)
@@ -807,6 +809,9 @@ class FleetAssumptions(FleetFaultBase):
         if c_refused_first:
             self.up(c)
             self.assertIn("claim_ttl", refusal(c).diag.message_detail)
+            if c_restarted:
+                c.restart()
+                self.assertIn("claim_ttl", refusal(c).diag.message_detail)
 
         renewed_at = after_renewal(h)
         ph.mode = "drop"  # H's renewals reach no registry from now on
@@ -853,6 +858,17 @@ class FleetAssumptions(FleetFaultBase):
         dup, detail = self.holder_cut_off_then_registry_restarted(
             10, 5, clock_h_ms=1900, clock_c_ms=-950, jump_ms=0,
             what="claim_ttl 5 s refused beside 10 s, then the registry lost", c_refused_first=True)
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs: {detail}")
+
+    def test_12b_the_longer_claim_ttl_survives_a_restart_of_the_refused_server(self):
+        """test_12 with C restarted (stopped and started: a new postmaster) after its
+        refusal and before the cut: C reads the longer claim_ttl back from
+        $PGDATA/snowflake.fleet_ttl and still settles for it after the loss. (Kept in memory
+        only, as on 04945bb, a restart forgot it: C settled for its own claim_ttl.)"""
+        dup, detail = self.holder_cut_off_then_registry_restarted(
+            10, 5, clock_h_ms=1900, clock_c_ms=-950, jump_ms=0,
+            what="claim_ttl 5 s refused beside 10 s, restarted, then the registry lost",
+            c_refused_first=True, c_restarted=True)
         self.assertEqual(dup, 0, f"{dup} duplicate IDs: {detail}")
 
     def test_11_etcd_refuses_a_claim_ttl_out_of_ratio(self):

@@ -350,9 +350,10 @@ struct Copy {
     holder: Holder,
     /// The postmaster's own token (a restart draws another; a crash restart keeps it).
     postmaster: String,
-    /// The token file and the claim file: they survive restarts.
+    /// The token file, the claim file and the fleet ttl file: they survive restarts.
     token_file: Option<ClaimTokens>,
     claim_file: Option<LastClaim>,
+    fleet_ttl_file: u64,
     timing: ClaimTiming,
     /// Wall clock minus true time.
     clock: i64,
@@ -401,6 +402,7 @@ fn start_holder(
     postmaster: &str,
     token_file: Option<ClaimTokens>,
     claim_file: Option<LastClaim>,
+    fleet_ttl_file: u64,
 ) -> Holder {
     let settings = HolderSettings {
         datacenter_id: 0,
@@ -415,6 +417,7 @@ fn start_holder(
         postmaster,
         token_file,
         claim_file,
+        fleet_ttl_file,
     )
 }
 
@@ -516,10 +519,11 @@ impl Sim {
             copies.push(Copy {
                 server,
                 root: server,
-                holder: start_holder(fixes, server, timing, &postmaster, None, None),
+                holder: start_holder(fixes, server, timing, &postmaster, None, None, 0),
                 postmaster,
                 token_file: None,
                 claim_file: None,
+                fleet_ttl_file: 0,
                 timing,
                 clock,
                 mono: 1_000_000 + rng.range(0, 1_000_000),
@@ -1326,6 +1330,7 @@ impl Sim {
                 } => {
                     self.note(|| format!("copy {c} holds worker {worker_id} from {floor_unix_ms}"))
                 }
+                Effect::RememberFleetTtl(ms) => self.copies[c].fleet_ttl_file = ms,
                 Effect::Report { .. }
                 | Effect::NoteFailure(_)
                 | Effect::RequestFailed(_)
@@ -1424,6 +1429,7 @@ impl Sim {
                     &copy.postmaster,
                     copy.token_file.clone(),
                     copy.claim_file.clone(),
+                    copy.fleet_ttl_file,
                 );
                 let at = self.copies[c].down_until + 1;
                 self.at(at, Event::Step(c));
