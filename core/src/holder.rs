@@ -214,8 +214,6 @@ pub enum Reply {
 /// The request in flight.
 #[derive(Debug, Clone)]
 struct InFlight {
-    /// This server's clocks when the request was sent.
-    sent: Now,
     /// The fence the request grants if it succeeds.
     fence: Fence,
     /// The held id and its fence, for a renewal.
@@ -229,8 +227,11 @@ struct InFlight {
 /// A grant waiting for its claim file.
 #[derive(Debug, Clone)]
 struct Recording {
-    /// This server's clocks when the claim was sent.
-    sent: Now,
+    /// This server's wall clock at the reply as the skew check bound it (the sample's
+    /// reading moved on by the monotonic time since), and its clocks when the reply was
+    /// handled.
+    checked_reply_unix_ms: i64,
+    replied: Now,
     worker_id: u8,
     own: bool,
     floor_unix_ms: i64,
@@ -407,7 +408,6 @@ impl Holder {
             fleet_ttl_ms: self.fleet_ttl_ms,
         };
         self.in_flight = Some(InFlight {
-            sent: now,
             fence,
             renewing: self.held,
             claim_timing: request.claim_timing(),
@@ -656,7 +656,11 @@ impl Holder {
                         .or(last_registry),
                 };
                 self.recording = Some(Recording {
-                    sent: in_flight.sent,
+                    checked_reply_unix_ms: observed
+                        .sample
+                        .received_unix_ms
+                        .saturating_add(observed.sample_age_ms as i64),
+                    replied: now,
                     worker_id,
                     own: matches!(granted, Granted::Own),
                     floor_unix_ms: floor,
@@ -774,13 +778,18 @@ impl Holder {
         // up, a retry on another member; and the clock sample is taken before the step's
         // reads, so it is not the reply's time: issue 37's second review), and its IDs start
         // at or above that time on this server's clock, whatever the clock does meanwhile.
-        // Counted on the wall clock as the skew check saw it at the send, moved on by the
-        // monotonic clock, if that is later than the wall clock now: a clock stepped back
-        // around the reply (after the check) would otherwise start the IDs below a cap the
-        // quarantine must clear (helper-14's review: 7,750 and 11,800 duplicates on etcd at
-        // claim_ttl 60 s with an 8 s step back at the reply).
-        let since_sent = now.mono_ms.saturating_sub(grant.sent.mono_ms);
-        let checked_now = grant.sent.unix_ms.saturating_add(since_sent as i64);
+        // Counted on the wall clock as the skew check bound it (the sample's reading, moved
+        // on by the monotonic clock), if that is later than the wall clock now: a clock
+        // stepped back around the reply (after the check) would otherwise start the IDs
+        // below a cap the quarantine must clear (helper-14's review: 7,750 and 11,800
+        // duplicates on etcd at claim_ttl 60 s with an 8 s step back at the reply). Not the
+        // clock at the send: the skew check does not bind it, and the request-age check
+        // lets it lag by more (helper-15: 4,850 and 2,450 duplicates with a step back at the
+        // send too).
+        let since_reply = now.mono_ms.saturating_sub(grant.replied.mono_ms);
+        let checked_now = grant
+            .checked_reply_unix_ms
+            .saturating_add(since_reply as i64);
         let quarantine = Quarantine::after_reply(
             grant.quarantine_ms,
             now.unix_ms.max(checked_now),
@@ -1049,6 +1058,7 @@ mod tests {
             },
             born_unix_ms: T0 - 60_000,
             registry_id: Some(7),
+            sample_age_ms: 0,
         }
     }
 
@@ -1335,6 +1345,37 @@ mod tests {
         let step = h.on_recorded(Ok(()), stepped);
         assert!(
             step.effects.contains(&Effect::RaiseFloor(T0 + 500 + 7_000)),
+            "{:?}",
+            step.effects
+        );
+    }
+
+    #[test]
+    fn a_quarantine_counts_from_the_checked_reading_when_the_send_clock_was_back_too() {
+        let mut h = holder(None);
+        // The wall clock reads 5 s back at the send, right again when the registry's clock
+        // is read (the reading the skew check binds, at 1_000), back 8 s at the reply 4 s
+        // later (the step went on after that reading).
+        let send = Now {
+            unix_ms: T0 - 5_000,
+            mono_ms: at(0).mono_ms,
+        };
+        h.begin(send, Some("a".into()), LEAD);
+        let mut seen = observed(send, at(1_000), 0);
+        seen.sample_age_ms = 4_000;
+        let reply = Now {
+            unix_ms: T0 + 5_000 - 8_000,
+            mono_ms: at(5_000).mono_ms,
+        };
+        h.on_reply(Ok((granted(5, None, 7_000), seen)), reply);
+        let written = Now {
+            unix_ms: reply.unix_ms + 10,
+            mono_ms: reply.mono_ms + 10,
+        };
+        let step = h.on_recorded(Ok(()), written);
+        assert!(
+            step.effects
+                .contains(&Effect::RaiseFloor(T0 + 5_010 + 7_000)),
             "{:?}",
             step.effects
         );

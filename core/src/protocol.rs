@@ -129,4 +129,10 @@ pub struct Observed {
     /// earlier version, or a coordinator that does not let its role read its system
     /// identifier).
     pub registry_id: Option<u64>,
+    /// How long before the reply came back the sample's registry reading arrived (ms, on a
+    /// monotonic clock): 0 when the sample is the reply's own (Redis's read, the
+    /// coordinator), the rest of the step for etcd (the `Date` header is read first). With
+    /// it, `sample.received_unix_ms` (the reading the skew check binds) gives this server's
+    /// clock at the reply as checked, whatever its wall clock did since.
+    pub sample_age_ms: u64,
 }

@@ -1235,6 +1235,7 @@ impl Sim {
                     },
                     born_unix_ms: born,
                     registry_id: Some(1),
+                    sample_age_ms: 0,
                 };
                 Ok((self.client_reply(reply, pending.renewal), observed))
             }

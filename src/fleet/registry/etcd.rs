@@ -97,6 +97,8 @@ impl Snapshot {
 #[derive(Clone, Copy)]
 struct Clock {
     sample: ClockSample,
+    /// When the sample's reading arrived (for `Observed::sample_age_ms`).
+    received_at: std::time::Instant,
     /// The start of the second the `Date` header named (Unix ms).
     date_unix_ms: i64,
 }
@@ -346,6 +348,7 @@ impl EtcdRegistry {
         };
         let received = wall_ms();
         Ok(Clock {
+            received_at: std::time::Instant::now(),
             sample: ClockSample {
                 sent_unix_ms: sent,
                 received_unix_ms: received,
@@ -511,7 +514,7 @@ impl EtcdRegistry {
 
     /// Reads the clock and a snapshot, beginning a new incarnation first when the fleet
     /// record is missing or the store went back, and checks the epoch and the request's age.
-    fn begin(&mut self, request: &ClaimRequest) -> Result<(Begun, Observed)> {
+    fn begin(&mut self, request: &ClaimRequest) -> Result<(Begun, Observed, std::time::Instant)> {
         let clock = self.clock()?;
         for _ in 0..ATTEMPTS {
             let (snapshot, revision) = self.snapshot(request.datacenter_id)?;
@@ -540,9 +543,11 @@ impl EtcdRegistry {
                         sample: clock.sample,
                         born_unix_ms: record.born_unix_ms,
                         registry_id: record.registry_id,
+                        sample_age_ms: 0,
                     };
                     if record.epoch_unix_ms != request.epoch_unix_ms {
-                        return Ok((Begun::Epoch(record.epoch_unix_ms), observed));
+                        let epoch = Begun::Epoch(record.epoch_unix_ms);
+                        return Ok((epoch, observed, clock.received_at));
                     }
                     return Ok(match clock.request_age(request) {
                         RequestAge::Fresh => (
@@ -552,8 +557,9 @@ impl EtcdRegistry {
                                 fleet_seen: seen,
                             }),
                             observed,
+                            clock.received_at,
                         ),
-                        age => (Begun::Rejected(age), observed),
+                        age => (Begun::Rejected(age), observed, clock.received_at),
                     });
                 }
             }
@@ -602,7 +608,7 @@ impl EtcdRegistry {
         request: &ClaimRequest,
         decide: &mut impl FnMut(&mut Self, Snapshot, FleetRecord, i64, &Observed) -> Result<Option<R>>,
     ) -> Result<Option<(R, Observed)>> {
-        let (begun, observed) = self.begin(request)?;
+        let (begun, mut observed, read_at) = self.begin(request)?;
         let reply = match begun {
             Begun::Epoch(e) => R::other_epoch(e)?,
             Begun::Rejected(age) => R::rejected(age),
@@ -611,6 +617,8 @@ impl EtcdRegistry {
                 None => return Ok(None),
             },
         };
+        // The `Date` header was read first; the step's reads and writes came after it.
+        observed.sample_age_ms = read_at.elapsed().as_millis() as u64;
         Ok(Some((reply, observed)))
     }
 

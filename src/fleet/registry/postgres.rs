@@ -907,6 +907,7 @@ impl PgRegistry {
             },
             born_unix_ms: born,
             registry_id,
+            sample_age_ms: 0,
         };
         Ok((reply, observed))
     }

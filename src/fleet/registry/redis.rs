@@ -7,7 +7,7 @@
 //! anything did, the step starts over on a new read, up to [`ATTEMPTS`] times. The records
 //! are described in the parent module.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::resp::Bounded;
 use super::{
@@ -63,14 +63,17 @@ return out
 "#;
 
 /// Holds an id for a token, if nothing changed since the read: the registry's incarnation
-/// and birth, the datacenter's version, the id's claim; and if the request is still young
-/// enough (it may have waited between the read and this write). The claim and the holder's
-/// `claim_ttl` expire after `ttl`; the mark only rises; a released value is cleared; the
-/// floor is kept, set or deleted. Replies 'held', 'retry', 'ahead' or 'stale'.
+/// and birth, the id's claim, and for a claim (not a renewal) the datacenter's version; and
+/// if the request is still young enough (it may have waited between the read and this
+/// write). The claim and the holder's `claim_ttl` expire after `ttl`; the mark only rises;
+/// a released value is cleared; the floor is kept, set or deleted. The version rises when
+/// an id that was free is held (a claim decided among the datacenter's ids depends on
+/// which are held, and by what `claim_ttl`; a renewal changes neither). Replies 'held',
+/// 'retry', 'ahead' or 'stale'.
 ///
-/// ARGV: 1 incarnation, 2 born, 3 dc, 4 version, 5 worker, 6 the claim read ('' none), 7 the
-/// token to write, 8 ttl, 9 cap, 10 'keep', 'set' or 'del' the floor, 11 the floor, 12 sent,
-/// 13 largest lead, 14 largest age.
+/// ARGV: 1 incarnation, 2 born, 3 dc, 4 version ('' for a renewal: not compared), 5 worker,
+/// 6 the claim read ('' none), 7 the token to write, 8 ttl, 9 cap, 10 'keep', 'set' or 'del'
+/// the floor, 11 the floor, 12 sent, 13 largest lead, 14 largest age.
 const REDIS_HOLD: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -79,7 +82,7 @@ if m[2] ~= ARGV[1] or tonumber(m[1]) ~= tonumber(ARGV[2]) then return 'retry' en
 local dc, w = ARGV[3], ARGV[5]
 local function key(kind) return 'snowflake:' .. kind .. ':' .. dc .. ':' .. w end
 local version = 'snowflake:version:' .. dc
-if (redis.call('GET', version) or '0') ~= ARGV[4] then return 'retry' end
+if ARGV[4] ~= '' and (redis.call('GET', version) or '0') ~= ARGV[4] then return 'retry' end
 if (redis.call('GET', key('claim')) or '') ~= ARGV[6] then return 'retry' end
 local sent = tonumber(ARGV[12])
 if sent - now > tonumber(ARGV[13]) then return 'ahead' end
@@ -92,22 +95,28 @@ if (not prev) or prev < cap then redis.call('SET', key('high_water'), cap) end
 redis.call('DEL', key('released'))
 if ARGV[10] == 'set' then redis.call('SET', key('floor'), ARGV[11]) end
 if ARGV[10] == 'del' then redis.call('DEL', key('floor')) end
-redis.call('INCR', version)
+if ARGV[6] == '' then redis.call('INCR', version) end
 return 'held'
 "#;
 
-/// Ends a claim at a release, if the claim and the datacenter's version are as read: the
-/// claim and the holder's `claim_ttl` deleted, the mark and the released value set as the
-/// core computed them (`Marks::released`; '' leaves them). Replies 'released' or 'retry'.
+/// Ends a claim at a release, if the claim is as read (and the id's marks: only a write of
+/// that claim changes them): the claim and the holder's `claim_ttl` deleted, the mark and
+/// the released value set as the core computed them (`Marks::released`; '' leaves them),
+/// and the datacenter's version raised (an id became free). Replies 'released' or 'retry'.
+///
+/// The mark only rises here too: a renewal retried with the same token (a memory copy of
+/// the holder) may have raised it since the read.
 ///
 /// KEYS: claim, high water, released, the holder's claim_ttl, the datacenter's version.
-/// ARGV: 1 the claim read, 2 the version read, 3 the mark, 4 the released value.
+/// ARGV: 1 the claim read, 2 the mark, 3 the released value.
 const REDIS_RELEASE: &str = r#"
 if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 'retry' end
-if (redis.call('GET', KEYS[5]) or '0') ~= ARGV[2] then return 'retry' end
 redis.call('DEL', KEYS[1], KEYS[4])
-if ARGV[3] ~= '' then redis.call('SET', KEYS[2], ARGV[3]) end
-if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4]) end
+if ARGV[2] ~= '' then
+  local hw = tonumber(redis.call('GET', KEYS[2]))
+  if (not hw) or hw < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
+end
+if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3]) end
 redis.call('INCR', KEYS[5])
 return 'released'
 "#;
@@ -162,14 +171,8 @@ enum Read {
     Rejected(RequestAge),
 }
 
-/// A release's read: the claim, its floor, mark and released value, the version.
-type ReleaseRead = (
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-);
+/// A release's read: the claim, its floor, mark and released value.
+type ReleaseRead = (Option<String>, Option<i64>, Option<i64>, Option<i64>);
 
 /// What [`REDIS_HOLD`] does with the floor.
 enum FloorWrite {
@@ -460,6 +463,7 @@ impl RedisRegistry {
             },
             born_unix_ms: born,
             registry_id: registry_id.as_deref().and_then(parse_registry_id),
+            sample_age_ms: 0,
         };
         let read = match word.as_str() {
             "view" => {
@@ -496,7 +500,11 @@ impl RedisRegistry {
     }
 
     /// Holds `worker_id` for the request's token if nothing changed since `view`
-    /// ([`REDIS_HOLD`]): 'held', 'retry', 'ahead' or 'stale'.
+    /// ([`REDIS_HOLD`]): 'held', 'retry', 'ahead' or 'stale'. `claim`: how a claim writes
+    /// the floor, and that it depends on the datacenter's version; None for a renewal, which
+    /// keeps the floor and depends on its own id's claim only (comparing the version made
+    /// every renewal of another id a conflict: helper-15 saw a node among 31 holders at a
+    /// 20 ms round trip lose its claim three times in 90 s).
     #[allow(clippy::too_many_arguments)]
     fn hold(
         con: &mut Bounded,
@@ -505,21 +513,25 @@ impl RedisRegistry {
         request: &ClaimRequest,
         view: &View,
         worker_id: u8,
-        floor: FloorWrite,
+        claim: Option<FloorWrite>,
     ) -> Result<String> {
         let timing = request.timing();
         let read_holder = view.id(worker_id).holder.unwrap_or_default();
-        let (floor_op, floor_value) = match floor {
-            FloorWrite::Keep => ("keep", String::new()),
-            FloorWrite::Set(Some(f)) => ("set", f.to_string()),
-            FloorWrite::Set(None) => ("del", String::new()),
+        let (floor_op, floor_value) = match claim {
+            None | Some(FloorWrite::Keep) => ("keep", String::new()),
+            Some(FloorWrite::Set(Some(f))) => ("set", f.to_string()),
+            Some(FloorWrite::Set(None)) => ("del", String::new()),
+        };
+        let version = match claim {
+            Some(_) => view.version.as_str(),
+            None => "",
         };
         let word: String = script
             .prepare_invoke()
             .arg(Self::incarnation(con, sentinel_epoch)?)
             .arg(view.born)
             .arg(request.datacenter_id)
-            .arg(&view.version)
+            .arg(version)
             .arg(worker_id)
             .arg(read_holder)
             .arg(&request.tokens.write)
@@ -716,7 +728,7 @@ impl Registry for RedisRegistry {
         let (read, hold) = (self.read.clone(), self.hold.clone());
         self.with(|con, epoch| {
             for _ in 0..ATTEMPTS {
-                let (view, observed) = match Self::read(con, epoch, &read, request)? {
+                let (view, mut observed) = match Self::read(con, epoch, &read, request)? {
                     (Read::View(view), observed) => (view, observed),
                     (Read::Epoch(e), observed) => {
                         let reply = ClaimReply::EpochMismatch {
@@ -728,6 +740,7 @@ impl Registry for RedisRegistry {
                         return Ok((ClaimReply::Rejected(age), observed))
                     }
                 };
+                let read_at = Instant::now();
                 let settle = request.claim_timing().settle_wait_ms(view.born, view.now);
                 let decision = registry_rules::decide_claim(request, settle, &view.live());
                 let (worker_id, floor, free_floor) = match decision {
@@ -738,7 +751,10 @@ impl Registry for RedisRegistry {
                     }
                     _ => return Ok((decision.reply(0, None), observed)),
                 };
-                match Self::hold(con, epoch, &hold, request, &view, worker_id, floor)?.as_str() {
+                let written =
+                    Self::hold(con, epoch, &hold, request, &view, worker_id, Some(floor))?;
+                observed.sample_age_ms = read_at.elapsed().as_millis() as u64;
+                match written.as_str() {
                     "held" => return Ok((decision.reply(0, free_floor), observed)),
                     "retry" => continue,
                     "ahead" => return Ok((ClaimReply::Rejected(RequestAge::Ahead), observed)),
@@ -759,7 +775,7 @@ impl Registry for RedisRegistry {
         let (read, hold) = (self.read.clone(), self.hold.clone());
         self.with(|con, epoch| {
             for _ in 0..ATTEMPTS {
-                let (view, observed) = match Self::read(con, epoch, &read, request)? {
+                let (view, mut observed) = match Self::read(con, epoch, &read, request)? {
                     (Read::View(view), observed) => (view, observed),
                     (Read::Epoch(_), _) => {
                         return Err(RegistryError(
@@ -770,6 +786,7 @@ impl Registry for RedisRegistry {
                         return Ok((RenewReply::Rejected(age), observed))
                     }
                 };
+                let read_at = Instant::now();
                 let reassert = reassert_known_born
                     .is_some_and(|known| request.timing().may_reassert(known, view.born, view.now));
                 let live = view.live();
@@ -779,17 +796,10 @@ impl Registry for RedisRegistry {
                 if !matches!(reply, RenewReply::Renewed { .. }) {
                     return Ok((reply, observed));
                 }
-                match Self::hold(
-                    con,
-                    epoch,
-                    &hold,
-                    request,
-                    &view,
-                    worker_id,
-                    FloorWrite::Keep,
-                )?
-                .as_str()
-                {
+                // A renewal depends on its own id's claim only: no version compared.
+                let written = Self::hold(con, epoch, &hold, request, &view, worker_id, None)?;
+                observed.sample_age_ms = read_at.elapsed().as_millis() as u64;
+                match written.as_str() {
                     "held" => return Ok((reply, observed)),
                     "retry" => continue,
                     "ahead" => return Ok((RenewReply::Rejected(RequestAge::Ahead), observed)),
@@ -813,15 +823,13 @@ impl Registry for RedisRegistry {
             let key = |kind: &str| format!("snowflake:{kind}:{datacenter_id}:{worker_id}");
             let version = format!("snowflake:version:{datacenter_id}");
             for _ in 0..ATTEMPTS {
-                // One MGET: a consistent read of the claim, its marks and the version.
-                let (holder, floor, high_water, released, read_version): ReleaseRead =
-                    redis::cmd("MGET")
-                        .arg(key("claim"))
-                        .arg(key("floor"))
-                        .arg(key("high_water"))
-                        .arg(key("released"))
-                        .arg(&version)
-                        .query(con)?;
+                // One MGET: a consistent read of the claim and its marks.
+                let (holder, floor, high_water, released): ReleaseRead = redis::cmd("MGET")
+                    .arg(key("claim"))
+                    .arg(key("floor"))
+                    .arg(key("high_water"))
+                    .arg(key("released"))
+                    .query(con)?;
                 if !registry_rules::release_counts(tokens, holder.as_deref()) {
                     return Ok(());
                 }
@@ -844,7 +852,6 @@ impl Registry for RedisRegistry {
                     .key(key("ttl"))
                     .key(&version)
                     .arg(holder.unwrap_or_default())
-                    .arg(read_version.unwrap_or_else(|| "0".into()))
                     .arg(text(mark))
                     .arg(text(value))
                     .invoke(con)?;
