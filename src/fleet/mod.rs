@@ -236,12 +236,7 @@ impl Worker {
         }
         let epoch = self.config.epoch;
         let lease_end_unix_ms = lease::durable_end_unix_ms(Some(epoch)).unwrap_or(0);
-        let position_unix_ms = {
-            let mut shared = shmem::GENERATOR.exclusive();
-            shared.fence = Fence::NONE;
-            shared.generator.revoke_lease();
-            epoch.to_unix(shared.generator.position()).0
-        };
+        let position_unix_ms = epoch.to_unix(stop_generator()).0;
         let effects = self.holder.release(position_unix_ms, lease_end_unix_ms);
         self.apply(effects, client);
     }
@@ -254,9 +249,7 @@ impl Worker {
             match effect {
                 Effect::KeepTokens => self.keep_tokens(),
                 Effect::StopGenerator => {
-                    let mut shared = shmem::GENERATOR.exclusive();
-                    shared.fence = Fence::NONE;
-                    shared.generator.revoke_lease();
+                    stop_generator();
                 }
                 Effect::Fenced { worker_id, why } => {
                     errors::claim_fenced(datacenter_id, worker_id, &uri, &why).log()
@@ -368,6 +361,15 @@ impl Worker {
         shared.node = node;
         shared.fence = fence;
     }
+}
+
+/// Stops the generator at once (no fence, its lease revoked); returns its position, read
+/// under the same lock: nothing is issued after it.
+fn stop_generator() -> snowflake_core::layout::EpochMs {
+    let mut shared = shmem::GENERATOR.exclusive();
+    shared.fence = Fence::NONE;
+    shared.generator.revoke_lease();
+    shared.generator.position()
 }
 
 /// This server's clocks now.

@@ -121,11 +121,11 @@ redis.call('INCR', KEYS[5])
 return 'released'
 "#;
 
-/// One id as [`REDIS_READ`] read it.
+/// One id as [`REDIS_READ`] read it: the holder's token, and the marks (with the holder's
+/// `claim_ttl`, from `snowflake:ttl:DC:W`).
 #[derive(Debug, Clone, Default)]
 struct IdKeys {
     holder: Option<String>,
-    ttl_ms: Option<u64>,
     marks: Marks,
 }
 
@@ -148,7 +148,7 @@ impl View {
                     worker_id: w as u8,
                     holder: id.holder.as_deref()?,
                     from_before_loss: false,
-                    holder_ttl_ms: id.ttl_ms,
+                    holder_ttl_ms: id.marks.holder_ttl_ms,
                     floor_unix_ms: id.marks.floor_unix_ms,
                     high_water_unix_ms: id.marks.high_water_unix_ms,
                 })
@@ -471,18 +471,14 @@ impl RedisRegistry {
                 let mut ids = Vec::with_capacity(usize::from(MAX_WORKER_ID) + 1);
                 for _ in 0..=MAX_WORKER_ID {
                     let holder = Some(text_of(next())?).filter(|h| !h.is_empty());
-                    let ttl_ms = int_of(next())?.map(|t| t.max(0) as u64);
+                    let holder_ttl_ms = int_of(next())?.map(|t| t.max(0) as u64);
                     let marks = Marks {
                         floor_unix_ms: int_of(next())?,
                         high_water_unix_ms: int_of(next())?,
                         released_unix_ms: int_of(next())?,
-                        holder_ttl_ms: None,
+                        holder_ttl_ms,
                     };
-                    ids.push(IdKeys {
-                        holder,
-                        ttl_ms,
-                        marks,
-                    });
+                    ids.push(IdKeys { holder, marks });
                 }
                 Read::View(View {
                     now,
