@@ -1,7 +1,7 @@
 //! The simulated fleet: servers (each running copy of one), a registry, messages, faults, and
 //! the record of every millisecond each copy issued under each worker id.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::rng::Rng;
 use crate::claim::{
@@ -72,6 +72,11 @@ pub struct Fixes {
     /// memory, the one that wrote first and is then stopped cleanly must not hand the id to
     /// a third server below what the other issued before it was refused.
     pub release_above_inherited: bool,
+    /// Issue 37: the token file counts only for the postmaster that wrote it
+    /// (`Holder::start`), so a copy of a data directory started beside its server (a base
+    /// backup, a cloned volume, a promoted standby) makes tokens of its own and is refused
+    /// the server's id. Taken out, the copy takes the file's tokens as its own.
+    pub tokens_of_own_postmaster: bool,
 }
 
 impl Fixes {
@@ -103,6 +108,7 @@ impl Fixes {
         settle_for_refused_ttl: true,
         rotate_tokens: true,
         release_above_inherited: true,
+        tokens_of_own_postmaster: true,
     };
 }
 
@@ -129,6 +135,11 @@ pub enum Fault {
     /// A running server is copied with its memory (a VM clone, a snapshot restored), and
     /// both copies run on.
     MemoryClone,
+    /// A server's data directory is copied and started beside it as another server, with its
+    /// own postmaster and clock: a cloned volume or a base backup (`clean`: as of now), or a
+    /// standby promoted while its primary runs (its generator's position as far as it
+    /// replayed, up to `length_ms` behind the primary's).
+    DiskCopy,
 }
 
 /// What a schedule may contain.
@@ -162,6 +173,10 @@ pub struct Space {
     pub late_percent: u64,
     /// The share of messages (percent) lost.
     pub lost_percent: u64,
+    /// The share of requests (percent) that reach the registry twice, each copy with its own
+    /// delay: a client that retried on another member or connection while the first was
+    /// still in flight. The holder reads whichever answer comes first.
+    pub duplicate_percent: u64,
 }
 
 impl Space {
@@ -182,6 +197,7 @@ impl Space {
             net_delay_ms: (1, 40),
             late_percent: 0,
             lost_percent: 0,
+            duplicate_percent: 0,
         }
     }
 }
@@ -208,6 +224,11 @@ pub struct Outcome {
     pub issued_ms: i64,
     /// Claims granted.
     pub grants: u64,
+    /// Requests the registry acted on a second time ([`Space::duplicate_percent`]).
+    pub duplicates_answered: u64,
+    /// Milliseconds issued by copies started from another's data directory
+    /// ([`Fault::DiskCopy`]).
+    pub disk_copy_issued_ms: i64,
     /// Milliseconds that two copies of one server (a memory clone and its original) both
     /// issued under one worker id within [`clone_overlap_bound_ms`] of the clone: unavoidable
     /// (the copies have the same generator state) until one is refused, and allowed only in
@@ -301,6 +322,16 @@ impl Request {
     }
 }
 
+/// A request in the network.
+#[derive(Debug, Clone)]
+struct InFlight {
+    request: Request,
+    /// Deliveries still on their way ([`Space::duplicate_percent`]).
+    deliveries: u8,
+    /// The registry has acted on an earlier delivery.
+    acted: bool,
+}
+
 /// The registry's answer, as the simulated stores give it (turned into the clients'
 /// replies when the holder reads it).
 #[derive(Debug, Clone, Copy)]
@@ -346,6 +377,8 @@ struct Copy {
     server: usize,
     /// The first copy of this server that this one descends from by memory clones.
     root: usize,
+    /// Started from another copy's data directory ([`Fault::DiskCopy`]).
+    disk_copy: bool,
     /// The registry worker's decisions: the product's [`Holder`].
     holder: Holder,
     /// The postmaster's own token (a restart draws another; a crash restart keeps it).
@@ -365,6 +398,9 @@ struct Copy {
     floor: i64,
     /// The generator's position (last timestamp issued, Unix ms); durable.
     position: i64,
+    /// The position at each registry snapshot (true time, position), the last minute's: what
+    /// a standby of this copy had replayed.
+    positions: VecDeque<(i64, i64)>,
     pending: Option<Pending>,
     frozen_until: i64,
     /// Not running until then (restarting).
@@ -468,6 +504,9 @@ fn clone_overlap_bound_ms(timing: ClaimTiming) -> i64 {
     2 * timing.fence_reach_ms() as i64
 }
 
+/// How many positions a copy keeps for [`Fault::DiskCopy`]'s standbys (a minute's snapshots).
+const POSITIONS_KEPT: usize = 240;
+
 /// The registry's epoch (one for the whole fleet here).
 const START_UNIX_MS: i64 = 1_800_000_000_000;
 
@@ -479,8 +518,8 @@ struct Sim {
     events: BTreeMap<(i64, u64), Event>,
     copies: Vec<Copy>,
     registry: Registry,
-    /// Every request in the network, by the copy that sent it.
-    requests: BTreeMap<u64, (usize, Request)>,
+    /// Every request in the network.
+    requests: BTreeMap<u64, InFlight>,
     next_request: u64,
     /// The last token drawn (at restarts, and for each grant or renewal).
     tokens_drawn: u64,
@@ -519,6 +558,7 @@ impl Sim {
             copies.push(Copy {
                 server,
                 root: server,
+                disk_copy: false,
                 holder: start_holder(fixes, server, timing, &postmaster, None, None, 0),
                 postmaster,
                 token_file: None,
@@ -530,6 +570,7 @@ impl Sim {
                 generator: None,
                 floor: i64::MIN,
                 position: i64::MIN,
+                positions: VecDeque::new(),
                 pending: None,
                 frozen_until: 0,
                 down_until: 0,
@@ -612,6 +653,8 @@ impl Sim {
                 events: 0,
                 issued_ms: 0,
                 grants: 0,
+                duplicates_answered: 0,
+                disk_copy_issued_ms: 0,
                 clone_overlap_ms: 0,
                 clone_overlap_after_ms: 0,
                 trace: Vec::new(),
@@ -693,6 +736,9 @@ impl Sim {
 
     fn record(&mut self, c: usize, worker: u8, lo: i64, hi: i64) {
         self.outcome.issued_ms += hi - lo + 1;
+        if self.copies[c].disk_copy {
+            self.outcome.disk_copy_issued_ms += hi - lo + 1;
+        }
         if lo <= self.last_issued[c] {
             let what = format!(
                 "copy {c} (server {}) went back: issued {lo}..={hi} after {}",
@@ -788,6 +834,13 @@ impl Sim {
             Event::Snapshot => {
                 let data = self.registry.data.clone();
                 self.registry.snapshots.push((self.t, data));
+                let t = self.t;
+                for copy in &mut self.copies {
+                    if copy.positions.len() == POSITIONS_KEPT {
+                        copy.positions.pop_front();
+                    }
+                    copy.positions.push_back((t, copy.position));
+                }
                 let t = self.t + 250;
                 self.at(t, Event::Snapshot);
             }
@@ -856,10 +909,27 @@ impl Sim {
             self.at(deadline, Event::Deadline { copy: c, id });
         }
         self.note(|| format!("copy {c} sends {request:?}"));
-        if let Some(delay) = self.delay(c) {
-            self.requests.insert(id, (c, request));
-            let t = self.t + delay;
-            self.at(t, Event::Arrive { copy: c, id });
+        let first = self.delay(c);
+        // Drawn only where duplicates are asked for, so that other spaces keep their
+        // schedules.
+        let again =
+            if self.space.duplicate_percent > 0 && self.rng.chance(self.space.duplicate_percent) {
+                self.delay(c)
+            } else {
+                None
+            };
+        let deliveries = [first, again].into_iter().flatten().collect::<Vec<_>>();
+        if !deliveries.is_empty() {
+            let in_flight = InFlight {
+                request,
+                deliveries: deliveries.len() as u8,
+                acted: false,
+            };
+            self.requests.insert(id, in_flight);
+            for delay in deliveries {
+                let t = self.t + delay;
+                self.at(t, Event::Arrive { copy: c, id });
+            }
         }
     }
 
@@ -878,12 +948,24 @@ impl Sim {
     }
 
     fn arrive(&mut self, c: usize, id: u64) {
-        // Each request arrives once, and is lost if the registry is down.
-        let Some((_, request)) = self.requests.remove(&id) else {
+        // Each delivery of a request arrives once, and is lost if the registry is down.
+        let Some(in_flight) = self.requests.get_mut(&id) else {
             return;
         };
+        in_flight.deliveries -= 1;
+        let (request, again) = (in_flight.request.clone(), in_flight.acted);
         if self.registry.down_until > self.t {
+            if in_flight.deliveries == 0 {
+                self.requests.remove(&id);
+            }
             return;
+        }
+        in_flight.acted = true;
+        if in_flight.deliveries == 0 {
+            self.requests.remove(&id);
+        }
+        if again {
+            self.outcome.duplicates_answered += 1;
         }
         let now = self.t + self.registry.offset;
         let (reply, born) = self.registry_step(c, &request, now);
@@ -1447,11 +1529,82 @@ impl Sim {
                 let n = self.copies.len() - 1;
                 self.at(t + 1, Event::Step(n));
             }
+            Fault::DiskCopy => self.disk_copy(c, f),
         }
+    }
+
+    /// A copy of copy `c`'s data directory starts as another server beside it: the token,
+    /// claim and fleet ttl files and the generator's position as of now (`clean`: a cloned
+    /// volume, a base backup), or with the position a standby had replayed, up to
+    /// `length_ms` behind (a promotion while the primary runs). It has its own postmaster,
+    /// host clock and memory, and its IDs must rise above that position.
+    fn disk_copy(&mut self, c: usize, f: PlannedFault) {
+        let t = self.t;
+        let original = &self.copies[c];
+        let position = if f.clean {
+            original.position
+        } else {
+            let replayed_at = t - f.length_ms;
+            original
+                .positions
+                .iter()
+                .rev()
+                .find(|(at, _)| *at <= replayed_at)
+                .map_or(i64::MIN, |(_, p)| *p)
+        };
+        self.tokens_drawn += 1;
+        let postmaster = if self.fixes.tokens_of_own_postmaster {
+            format!("{}@s{}", self.tokens_drawn, original.server)
+        } else {
+            original.postmaster.clone()
+        };
+        let spread = (original.timing.max_skew_ms() as f64 * self.space.clock_spread) as i64
+            + self.space.registry_host_clock_ms;
+        let clock = START_UNIX_MS + self.rng.spread(spread);
+        let mono = 1_000_000 + self.rng.range(0, 1_000_000);
+        let n = self.copies.len();
+        let copy = Copy {
+            server: original.server,
+            root: n,
+            disk_copy: true,
+            holder: start_holder(
+                self.fixes,
+                original.server,
+                original.timing,
+                &postmaster,
+                original.token_file.clone(),
+                original.claim_file.clone(),
+                original.fleet_ttl_file,
+            ),
+            postmaster,
+            token_file: original.token_file.clone(),
+            claim_file: original.claim_file.clone(),
+            fleet_ttl_file: original.fleet_ttl_file,
+            timing: original.timing,
+            clock,
+            mono,
+            generator: None,
+            floor: i64::MIN,
+            position,
+            positions: VecDeque::new(),
+            pending: None,
+            frozen_until: 0,
+            down_until: 0,
+            issued_upto: t,
+            partitioned_until: 0,
+            alive: true,
+            busy: true,
+            etcd: EtcdClient::default(),
+        };
+        self.note(|| {
+            format!("copy {n} starts from copy {c}'s data directory, position {position}")
+        });
+        self.copies.push(copy);
+        self.last_issued.push(position);
+        self.at(t + 1, Event::Step(n));
     }
 }
 
-/// How long a registry born at `born` still settles at `now` (its clock).
 /// The timing a claim settles and is quarantined by: `ClaimRequest::claim_timing` (the
 /// longest `claim_ttl` a refusal named), or the server's own without that rule.
 fn claim_timing(fixes: Fixes, timing: ClaimTiming, fleet_ttl_ms: u64) -> ClaimTiming {
@@ -1462,6 +1615,7 @@ fn claim_timing(fixes: Fixes, timing: ClaimTiming, fleet_ttl_ms: u64) -> ClaimTi
     }
 }
 
+/// How long a registry born at `born` still settles at `now` (its clock).
 fn settle_wait(fixes: Fixes, timing: ClaimTiming, born: i64, now: i64) -> u64 {
     if fixes.settle_clock_term {
         timing.settle_wait_ms(born, now)

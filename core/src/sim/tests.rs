@@ -27,6 +27,10 @@ struct Search {
     /// after the clone), summed, and the latest after its clone.
     clone_overlap_ms: i64,
     clone_overlap_after_ms: i64,
+    /// Requests the registry acted on twice, and milliseconds issued by copies of data
+    /// directories: that the search draws them at all.
+    duplicates_answered: u64,
+    disk_copy_issued_ms: i64,
 }
 
 impl Search {
@@ -39,8 +43,18 @@ impl Search {
         } else {
             String::new()
         };
+        let mut drawn = String::new();
+        if self.duplicates_answered > 0 {
+            drawn += &format!("; {} requests acted on twice", self.duplicates_answered);
+        }
+        if self.disk_copy_issued_ms > 0 {
+            drawn += &format!(
+                "; {} ms issued by copies of data directories",
+                self.disk_copy_issued_ms
+            );
+        }
         format!(
-            "{} schedules, {} events in {:.2} s ({:.0} schedules/s, {:.0} events/s){clones}",
+            "{} schedules, {} events in {:.2} s ({:.0} schedules/s, {:.0} events/s){clones}{drawn}",
             self.schedules,
             self.events,
             self.seconds,
@@ -59,12 +73,16 @@ fn search(space: &Space, fixes: Fixes, first: u64, schedules: u64) -> Search {
         seconds: 0.0,
         clone_overlap_ms: 0,
         clone_overlap_after_ms: 0,
+        duplicates_answered: 0,
+        disk_copy_issued_ms: 0,
     };
     for seed in first..first + schedules {
         let out = run(space, fixes, seed, false);
         s.events += out.events;
         s.clone_overlap_ms += out.clone_overlap_ms;
         s.clone_overlap_after_ms = s.clone_overlap_after_ms.max(out.clone_overlap_after_ms);
+        s.duplicates_answered += out.duplicates_answered;
+        s.disk_copy_issued_ms += out.disk_copy_issued_ms;
         if let Some(v) = out.violation {
             s.found = Some((seed, v));
             s.schedules = seed - first + 1;
@@ -224,6 +242,15 @@ fn known_paths() -> Vec<KnownPath> {
             budget: 5_000,
         },
         KnownPath {
+            name: "a copy of a data directory took its server's tokens as its own",
+            space: copies_of_data_directories,
+            without_fix: |f| Fixes {
+                tokens_of_own_postmaster: false,
+                ..f
+            },
+            budget: 5_000,
+        },
+        KnownPath {
             name: "issue 37: a running server copied with its memory renewed one token",
             space: || Space::new(3, 2, &[MemoryClone]),
             without_fix: |f| Fixes {
@@ -255,6 +282,25 @@ fn open_paths() -> Vec<(&'static str, Space)> {
     ]
 }
 
+/// Copies of data directories (cloned volumes, base backups, standbys promoted while their
+/// primary runs) beside registry losses, with duplicated requests.
+fn copies_of_data_directories() -> Space {
+    let mut space = Space::new(
+        3,
+        2,
+        &[
+            DiskCopy,
+            RegistryRestore,
+            RegistryRestartEmpty,
+            Partition,
+            ServerRestart,
+            Freeze,
+        ],
+    );
+    space.duplicate_percent = 5;
+    space
+}
+
 /// Spaces of everything the rules are to survive, for both kinds of store.
 fn surviving_spaces() -> Vec<(&'static str, Space)> {
     let every = [
@@ -267,6 +313,7 @@ fn surviving_spaces() -> Vec<(&'static str, Space)> {
         ClockStep,
         Partition,
         MemoryClone,
+        DiskCopy,
     ];
     let mut out = Vec::new();
     for (name, store) in [("Redis", Store::Redis), ("etcd", Store::Etcd)] {
@@ -275,7 +322,11 @@ fn surviving_spaces() -> Vec<(&'static str, Space)> {
         wide.clock_step_ms = 3_000;
         wide.late_percent = 2;
         wide.lost_percent = 2;
+        wide.duplicate_percent = 3;
         out.push((name, wide));
+        let mut copies = copies_of_data_directories();
+        copies.store = store;
+        out.push((name, copies));
         // Registry hosts whose clocks differ by up to 2.4 s (within the settle's 3 s).
         let mut hosts = Space::new(3, 2, &every);
         hosts.store = store;
@@ -386,6 +437,21 @@ fn a_memory_clone_overlaps_only_briefly() {
         .fence_reach_ms() as i64;
     assert!(s.clone_overlap_after_ms <= bound, "{}", s.figures());
     println!("{}", s.figures());
+}
+
+/// The search draws what the spaces ask for: requests acted on twice, and copies of data
+/// directories that issue (else the spaces would prove nothing of them).
+#[test]
+fn duplicates_and_disk_copies_are_drawn() {
+    for store in [Store::Redis, Store::Etcd] {
+        let mut space = copies_of_data_directories();
+        space.store = store;
+        let s = search(&space, Fixes::ALL, 0, 500);
+        assert!(s.found.is_none(), "{:?}", s.found);
+        assert!(s.duplicates_answered > 0, "{}", s.figures());
+        assert!(s.disk_copy_issued_ms > 0, "{}", s.figures());
+        println!("{store:?}: {}", s.figures());
+    }
 }
 
 #[test]
