@@ -397,6 +397,30 @@ class RegistryScenarios:
         self.assertIn("from 3200 ms to 4000 ms; this server's is 5100 ms", e.diag.message_detail)
         self.assert_unique(ids(a), ids(c))
 
+    def test_another_epoch_is_refused(self):
+        """One fleet, one epoch (docs/fleets.md's assumptions): the registry records the
+        first server's epoch, and a server configured with another is refused an id, with
+        both epochs in the DETAIL, while the holder goes on and a server with the fleet's
+        epoch claims. (A server's epoch is fixed once it created the extension.)"""
+        a = self.new("epocha", datacenter=7)
+        a.init()
+        self.up(a)
+        wait_claimed(a)
+        b = self.new("epochb", datacenter=7,
+                     **{"snowflake.epoch": "'2015-01-01 00:00:00+00'"})
+        b.init()
+        self.up(b)
+        e = refusal(b)
+        self.assertEqual(e.sqlstate, "55000")
+        self.assertIn("refused this server a worker id", e.diag.message_primary)
+        self.assertIn("this server's snowflake.epoch is 2015-01-01", e.diag.message_detail)
+        self.assertIn("One fleet must share one epoch", e.diag.message_detail)
+        c = self.new("epochc", datacenter=7)
+        c.init()
+        self.up(c)
+        wait_claimed(c)
+        self.assert_unique(ids(a), ids(c))
+
     def test_clock_far_from_the_registrys_is_refused(self):
         """A node whose clock is 10 s off (libfaketime) gets no worker id: the registry's
         safety after a loss of data depends on bounded skew. Clock fixed: it claims again."""
