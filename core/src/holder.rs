@@ -1,7 +1,8 @@
 //! The registry worker's decisions (issue 37), as a state machine: [`Holder`] takes the
 //! events of one claim or renewal (the step begins, the registry answers or the request
-//! fails, the claim file is written) and returns what to do, as [`Effect`]s and the
-//! [`Next`] request. It reads no clock, draws no random bytes and does no I/O: the worker
+//! fails, the claim file is written) and returns what to do: [`Effect`]s, and what comes
+//! next, typed per event ([`Begin`], [`AfterReply`], a wait after [`Holder::on_recorded`]),
+//! so that no caller handles a case its event cannot produce. It reads no clock, draws no random bytes and does no I/O: the worker
 //! (`src/fleet/mod.rs`) passes the time and a fresh token in, sends the requests, and
 //! applies the effects to shared memory, files and the log; the simulator
 //! (`crate::sim`) drives the same code in virtual time, under faults.
@@ -10,7 +11,8 @@
 //! 1. [`Holder::begin`]: a fence that has run out ends the claim; the tokens for the request
 //!    are drawn and kept ([`Effect::KeepTokens`]); the claim or renewal to send.
 //! 2. [`Holder::on_reply`] with the reply (or the failure): the claim installed, renewed,
-//!    fenced or given back; for a grant, the claim file to write first ([`Next::Record`]).
+//!    fenced or given back; for a grant, the claim file to write first
+//!    ([`AfterReply::Record`]).
 //! 3. [`Holder::on_recorded`], after that write: the grant used (or given back if the
 //!    write failed).
 //!
@@ -172,10 +174,10 @@ pub enum Effect {
     RememberFleetTtl(u64),
 }
 
-/// What comes after an event.
+/// What comes after [`Holder::begin`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Next {
-    /// Begin the next step in this long (ms).
+pub enum Begin {
+    /// Begin the next step in this long (ms): nothing to send now.
     Wait(u64),
     /// Send this claim, and pass its reply to [`Holder::on_reply`].
     Claim(ClaimRequest),
@@ -189,17 +191,25 @@ pub enum Next {
         /// ([`claim::may_reassert`]).
         reassert_known_born: Option<i64>,
     },
+}
+
+/// What comes after [`Holder::on_reply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterReply {
+    /// Begin the next step in this long (ms).
+    Wait(u64),
     /// Write the claim file (durably), and pass the result to [`Holder::on_recorded`].
     Record(LastClaim),
 }
 
-/// The result of one event.
+/// The result of one event: `N` is what may come after it ([`Begin`], [`AfterReply`], or
+/// for [`Holder::on_recorded`] the wait in ms before the next step).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
+pub struct Step<N> {
     /// To apply, in order.
     pub effects: Vec<Effect>,
     /// Then this.
-    pub next: Next,
+    pub next: N,
 }
 
 /// The registry's answer to the request in flight.
@@ -347,7 +357,7 @@ impl Holder {
     /// Begins a step: a claim, or a renewal of the held id. `fresh` is a new random token
     /// (None: no random bytes could be read); `usable_lead_ms` how far ahead of the clock a
     /// claim's floor may be ([`ClaimTiming::usable_floor_lead_ms`]).
-    pub fn begin(&mut self, now: Now, fresh: Option<String>, usable_lead_ms: i64) -> Step {
+    pub fn begin(&mut self, now: Now, fresh: Option<String>, usable_lead_ms: i64) -> Step<Begin> {
         let mut effects = Vec::new();
         self.in_flight = None;
         self.recording = None;
@@ -387,7 +397,7 @@ impl Holder {
             );
             return Step {
                 effects,
-                next: Next::Wait(timing.heartbeat_ms()),
+                next: Begin::Wait(timing.heartbeat_ms()),
             };
         };
         let fresh = format!("{fresh}@{}", self.settings.node);
@@ -414,7 +424,7 @@ impl Holder {
             usable_lead_ms,
         });
         let next = match self.held {
-            Some((worker_id, old)) => Next::Renew {
+            Some((worker_id, old)) => Begin::Renew {
                 request,
                 worker_id,
                 // Ask to take the claim back, should the registry have lost it, only while
@@ -423,19 +433,23 @@ impl Holder {
                     .then_some(self.known_born_unix_ms)
                     .flatten(),
             },
-            None => Next::Claim(request),
+            None => Begin::Claim(request),
         };
         Step { effects, next }
     }
 
     /// The registry's reply to the request in flight, or why the request failed.
-    pub fn on_reply(&mut self, reply: Result<(Reply, Observed), String>, now: Now) -> Step {
+    pub fn on_reply(
+        &mut self,
+        reply: Result<(Reply, Observed), String>,
+        now: Now,
+    ) -> Step<AfterReply> {
         let mut effects = Vec::new();
         let heartbeat = self.settings.timing.heartbeat_ms();
         let Some(in_flight) = self.in_flight.take() else {
             return Step {
                 effects,
-                next: Next::Wait(heartbeat),
+                next: AfterReply::Wait(heartbeat),
             };
         };
         let wait = match in_flight.renewing {
@@ -447,14 +461,14 @@ impl Holder {
                 Err(last) => {
                     return Step {
                         effects,
-                        next: Next::Record(last),
+                        next: AfterReply::Record(last),
                     }
                 }
             },
         };
         Step {
             effects,
-            next: Next::Wait(wait),
+            next: AfterReply::Wait(wait),
         }
     }
 
@@ -754,13 +768,14 @@ impl Holder {
     }
 
     /// The claim file of a grant was written (or not): the grant is used, or given back.
-    pub fn on_recorded(&mut self, written: Result<(), String>, now: Now) -> Step {
+    /// Then the next step begins after `next` ms.
+    pub fn on_recorded(&mut self, written: Result<(), String>, now: Now) -> Step<u64> {
         let mut effects = Vec::new();
         let heartbeat = self.settings.timing.heartbeat_ms();
         let Some(grant) = self.recording.take() else {
             return Step {
                 effects,
-                next: Next::Wait(heartbeat),
+                next: heartbeat,
             };
         };
         if let Err(e) = written {
@@ -770,7 +785,7 @@ impl Holder {
             self.report(&mut effects, ClaimStatus::Refused, &why, 0);
             return Step {
                 effects,
-                next: Next::Wait(heartbeat),
+                next: heartbeat,
             };
         }
         // A quarantined grant is used from its quarantine's end, counted from now, after its
@@ -821,7 +836,7 @@ impl Holder {
         });
         Step {
             effects,
-            next: Next::Wait(wait),
+            next: wait,
         }
     }
 
@@ -1076,12 +1091,12 @@ mod tests {
     fn claimed(worker_id: u8) -> Holder {
         let mut h = holder(None);
         let step = h.begin(at(0), Some("a".into()), LEAD);
-        assert!(matches!(step.next, Next::Claim(_)));
+        assert!(matches!(step.next, Begin::Claim(_)));
         let step = h.on_reply(
             Ok((granted(worker_id, None, 0), observed(at(0), at(5), 0))),
             at(5),
         );
-        assert!(matches!(step.next, Next::Record(_)));
+        assert!(matches!(step.next, AfterReply::Record(_)));
         h.on_recorded(Ok(()), at(6));
         assert_eq!(h.held().map(|h| h.0), Some(worker_id));
         h
@@ -1108,7 +1123,7 @@ mod tests {
         let mut h = holder(Some(recorded));
         let step = h.begin(at(0), Some("abc".into()), LEAD);
         assert_eq!(step.effects, vec![Effect::KeepTokens]);
-        let Next::Claim(request) = step.next else {
+        let Begin::Claim(request) = step.next else {
             panic!("expected a claim: {:?}", step.next);
         };
         assert_eq!(request.order[0], 9);
@@ -1136,7 +1151,7 @@ mod tests {
             installs(&step.effects).is_empty(),
             "nothing used before the claim file"
         );
-        let Next::Record(last) = step.next else {
+        let AfterReply::Record(last) = step.next else {
             panic!("expected the claim file: {:?}", step.next);
         };
         assert_eq!(last.floor_unix_ms, Some(T0 + 2_000));
@@ -1155,7 +1170,7 @@ mod tests {
             "{:?}",
             step.effects
         );
-        assert_eq!(step.next, Next::Wait(2_000));
+        assert_eq!(step.next, 2_000);
     }
 
     #[test]
@@ -1186,7 +1201,7 @@ mod tests {
             step.effects[1],
             Effect::Fenced { worker_id: 4, .. }
         ));
-        let Next::Claim(request) = step.next else {
+        let Begin::Claim(request) = step.next else {
             panic!("expected a claim, not a renewal: {:?}", step.next);
         };
         assert_eq!(request.order[0], 4, "the same id is asked for first");
@@ -1196,7 +1211,7 @@ mod tests {
     fn a_failed_renewal_keeps_issuing_only_while_the_fence_holds() {
         let mut h = claimed(4);
         let step = h.begin(at(2_000), Some("b".into()), LEAD);
-        assert!(matches!(step.next, Next::Renew { worker_id: 4, .. }));
+        assert!(matches!(step.next, Begin::Renew { worker_id: 4, .. }));
         let step = h.on_reply(Err("timeout".into()), at(3_000));
         assert!(step
             .effects
@@ -1215,11 +1230,11 @@ mod tests {
     #[test]
     fn a_retried_renewal_writes_the_token_it_drew_before() {
         let mut h = claimed(4);
-        let Next::Renew { request, .. } = h.begin(at(2_000), Some("b".into()), LEAD).next else {
+        let Begin::Renew { request, .. } = h.begin(at(2_000), Some("b".into()), LEAD).next else {
             panic!("expected a renewal");
         };
         h.on_reply(Err("timeout".into()), at(3_000));
-        let Next::Renew { request: again, .. } = h.begin(at(3_100), Some("c".into()), LEAD).next
+        let Begin::Renew { request: again, .. } = h.begin(at(3_100), Some("c".into()), LEAD).next
         else {
             panic!("expected a renewal");
         };
@@ -1251,7 +1266,7 @@ mod tests {
         )));
         // The token it wrote is confirmed: the next claim takes the id back as its own.
         assert_eq!(h.tokens().current, "b@host:5432");
-        assert_eq!(step.next, Next::Wait(1));
+        assert_eq!(step.next, AfterReply::Wait(1));
     }
 
     #[test]
@@ -1274,7 +1289,7 @@ mod tests {
             why.contains("a copy of this server made with its memory"),
             "{why}"
         );
-        assert_eq!(step.next, Next::Wait(1));
+        assert_eq!(step.next, AfterReply::Wait(1));
     }
 
     #[test]
@@ -1286,16 +1301,16 @@ mod tests {
             Ok((granted(0, Some(floor), 0), observed(at(0), at(5), 0))),
             at(5),
         );
-        assert_eq!(step.next, Next::Wait(1));
+        assert_eq!(step.next, AfterReply::Wait(1));
         assert!(step
             .effects
             .iter()
             .any(|e| matches!(e, Effect::MarkAhead { worker_id: 0, .. })));
-        let Next::Claim(request) = h.begin(at(10), Some("b".into()), LEAD).next else {
+        let Begin::Claim(request) = h.begin(at(10), Some("b".into()), LEAD).next else {
             panic!("expected a claim");
         };
         assert!(!request.order.contains(&0));
-        let Next::Claim(request) = h.begin(at(50_000), Some("c".into()), LEAD).next else {
+        let Begin::Claim(request) = h.begin(at(50_000), Some("c".into()), LEAD).next else {
             panic!("expected a claim");
         };
         assert!(request.order.contains(&0));
@@ -1312,7 +1327,7 @@ mod tests {
         let step = h.on_recorded(Ok(()), at(6));
         assert!(installs(&step.effects).is_empty());
         assert!(step.effects.contains(&Effect::RaiseFloor(T0 + 6 + 7_000)));
-        assert_eq!(step.next, Next::Wait(2_000));
+        assert_eq!(step.next, 2_000);
         let mut first_install = None;
         for k in 1..=5 {
             let t = 2_000 * k;
@@ -1395,7 +1410,7 @@ mod tests {
         let mut h = holder(Some(recorded));
         h.begin(at(0), Some("a".into()), LEAD);
         let step = h.on_reply(Ok((granted(3, None, 0), observed(at(0), at(5), 0))), at(5));
-        assert!(matches!(step.next, Next::Wait(_)));
+        assert!(matches!(step.next, AfterReply::Wait(_)));
         assert!(step.effects.iter().any(|e| matches!(
             e,
             Effect::Report {
@@ -1437,7 +1452,7 @@ mod tests {
             others_max_ms: 30_000,
         });
         h.on_reply(Ok((refused, observed(at(0), at(5), 0))), at(5));
-        let Next::Claim(request) = h.begin(at(2_000), Some("b".into()), LEAD).next else {
+        let Begin::Claim(request) = h.begin(at(2_000), Some("b".into()), LEAD).next else {
             panic!("expected a claim");
         };
         assert_eq!(request.fleet_ttl_ms, 30_000);
@@ -1470,7 +1485,7 @@ mod tests {
             None,
             30_000,
         );
-        let Next::Claim(request) = h.begin(at(0), Some("c".into()), LEAD).next else {
+        let Begin::Claim(request) = h.begin(at(0), Some("c".into()), LEAD).next else {
             panic!("expected a claim");
         };
         assert_eq!(request.fleet_ttl_ms, 30_000);
@@ -1538,13 +1553,13 @@ mod tests {
                     Event::Granted { quarantine_ms, .. } => quarantine_ms,
                     _ => 0,
                 };
-                let step = match event {
+                let effects = match event {
                     Event::Begin => {
                         let step = h.begin(now, Some(format!("t{t}")), LEAD);
-                        sent = matches!(step.next, Next::Claim(_) | Next::Renew { .. }).then_some(now);
-                        step
+                        sent = matches!(step.next, Begin::Claim(_) | Begin::Renew { .. }).then_some(now);
+                        step.effects
                     }
-                    Event::RecordFails => h.on_recorded(Err("disk".into()), now),
+                    Event::RecordFails => h.on_recorded(Err("disk".into()), now).effects,
                     _ => {
                         let Some(sent_at) = sent.take() else { continue };
                         replied = Some(sent_at);
@@ -1565,15 +1580,15 @@ mod tests {
                         let offset = if matches!(event, Event::Skewed) { 3_000 } else { 0 };
                         let reply = reply.map(|r| (r, observed(sent_at, now, offset)));
                         let mut step = h.on_reply(reply, now);
-                        if let Next::Record(last) = &step.next {
+                        if let AfterReply::Record(last) = &step.next {
                             recorded_worker = Some(last.worker_id);
                             let more = h.on_recorded(Ok(()), now);
                             step.effects.extend(more.effects);
                         }
-                        step
+                        step.effects
                     }
                 };
-                for effect in &step.effects {
+                for effect in &effects {
                     match effect {
                         Effect::RaiseFloor(f) => {
                             // Each grant raises the floor once, with its own quarantine.
@@ -1595,7 +1610,7 @@ mod tests {
                         _ => {}
                     }
                 }
-                let installed = !installs(&step.effects).is_empty();
+                let installed = !installs(&effects).is_empty();
                 prop_assert!(h.held().is_some() || !installed);
             }
             if h.held().is_some() {

@@ -27,7 +27,9 @@ use crate::server::{data_dir, monotonic_ms, now_unix_ms};
 use runner::Runner;
 use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::durable;
-use snowflake_core::holder::{Effect, Holder, HolderRules, HolderSettings, Next, Now, Reply};
+use snowflake_core::holder::{
+    AfterReply, Begin, Effect, Holder, HolderRules, HolderSettings, Now, Reply,
+};
 use snowflake_core::layout::UnixMs;
 use snowflake_core::secrets::redacted;
 use snowflake_core::settings::{Config, WorkerId};
@@ -190,41 +192,34 @@ struct Worker {
 impl Worker {
     /// One claim or renewal. Returns how long to wait before the next (ms).
     fn step(&mut self, client: &mut Runner) -> u64 {
-        let heartbeat = self.holder.settings().timing.heartbeat_ms();
         let step = self
             .holder
             .begin(now(), random_hex(), gucs::usable_floor_lead_ms());
         self.apply(step.effects, client);
         let reply = match step.next {
-            Next::Claim(request) => client
+            Begin::Claim(request) => client
                 .claim(&request)
                 .map(|(reply, observed)| (Reply::Claim(reply), observed)),
-            Next::Renew {
+            Begin::Renew {
                 request,
                 worker_id,
                 reassert_known_born,
             } => client
                 .renew(&request, worker_id, reassert_known_born)
                 .map(|(reply, observed)| (Reply::Renew(reply), observed)),
-            Next::Wait(ms) => return ms,
-            Next::Record(_) => return heartbeat,
+            Begin::Wait(ms) => return ms,
         };
         let step = self.holder.on_reply(reply.map_err(|e| e.0), now());
         self.apply(step.effects, client);
-        let Next::Record(last) = step.next else {
-            return match step.next {
-                Next::Wait(ms) => ms,
-                _ => heartbeat,
-            };
+        let last = match step.next {
+            AfterReply::Wait(ms) => return ms,
+            AfterReply::Record(last) => last,
         };
         // The floor is durable before the claim is used: no restart loses it.
         let written = durable::write_last_claim(&data_dir(), &last).map_err(|e| e.to_string());
         let step = self.holder.on_recorded(written, now());
         self.apply(step.effects, client);
-        match step.next {
-            Next::Wait(ms) => ms,
-            _ => heartbeat,
-        }
+        step.next
     }
 
     /// At shutdown: stops the generator, then gives the claim back with the highest

@@ -8,7 +8,7 @@ use crate::claim::{
     self, ClaimTiming, ClaimTokens, ClockSample, Fence, Granted, RequestAge, RequestTokens,
 };
 use crate::durable::LastClaim;
-use crate::holder::{self, Effect, Holder, HolderRules, HolderSettings, Next, Now};
+use crate::holder::{self, AfterReply, Begin, Effect, Holder, HolderRules, HolderSettings, Now};
 use crate::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
 use crate::registry_rules::{self, ClaimDecision, LiveClaim};
 
@@ -873,8 +873,8 @@ impl Sim {
         let step = copy.holder.begin(now, Some(fresh), USABLE_FLOOR_LEAD_MS);
         self.carry_out(c, step.effects);
         let request = match step.next {
-            Next::Claim(request) => Request::Claim(request),
-            Next::Renew {
+            Begin::Claim(request) => Request::Claim(request),
+            Begin::Renew {
                 request,
                 worker_id,
                 reassert_known_born,
@@ -883,8 +883,7 @@ impl Sim {
                 worker: worker_id,
                 reassert: reassert_known_born,
             },
-            Next::Wait(ms) => return self.next_step(c, ms as i64),
-            Next::Record(_) => unreachable!("a step begins with a request or a wait"),
+            Begin::Wait(ms) => return self.next_step(c, ms as i64),
         };
         self.send(c, request);
     }
@@ -1325,17 +1324,13 @@ impl Sim {
         let step = self.copies[c].holder.on_reply(reply, now);
         self.carry_out(c, step.effects);
         let wait = match step.next {
-            Next::Wait(ms) => ms,
-            Next::Record(last) => {
+            AfterReply::Wait(ms) => ms,
+            AfterReply::Record(last) => {
                 self.copies[c].claim_file = Some(last);
                 let step = self.copies[c].holder.on_recorded(Ok(()), now);
                 self.carry_out(c, step.effects);
-                match step.next {
-                    Next::Wait(ms) => ms,
-                    _ => unreachable!("a recorded grant is followed by a wait"),
-                }
+                step.next
             }
-            Next::Claim(_) | Next::Renew { .. } => unreachable!("a reply is followed by a wait"),
         };
         self.next_step(c, wait as i64);
     }
