@@ -997,18 +997,20 @@ impl Registry for PgRegistry {
                     floor_unix_ms: None,
                     high_water_unix_ms: None,
                 });
-                // The id's mark: beside its live row, or (no live row) its own.
+                let reassert = reassert_known_born
+                    .is_some_and(|known| request.timing().may_reassert(known, born, now));
+                // The id's mark: beside its live row, or (no live row) its own, read only
+                // when the claim may be taken back (else the answer is Lost whatever it is).
                 let high_water_unix_ms: Option<i64> = match &row {
                     Some(r) => r.get(1),
-                    None => tx
+                    None if reassert => tx
                         .query_opt(
                             &sql.free_floor,
                             &[&i32::from(request.datacenter_id), &i32::from(worker_id)],
                         )?
                         .and_then(|r| r.get::<_, Option<i64>>(0)),
+                    None => None,
                 };
-                let reassert = reassert_known_born
-                    .is_some_and(|known| request.timing().may_reassert(known, born, now));
                 let reply = registry_rules::decide_renew(
                     request,
                     live.as_ref(),
