@@ -78,6 +78,9 @@ log "Released SQL scripts"
 log "Documentation: every link and anchor of README.md, CHANGELOG.md and docs/"
 /usr/bin/python3 "$REPO_ROOT/scripts/check-docs.py"
 
+log "Documentation: every error message and setting of the code has its entry"
+/usr/bin/python3 "$REPO_ROOT/scripts/check-errors.py"
+
 # unit_test_major: clippy and cargo pgrx test for the current major (use_major).
 unit_test_major() {
     # Each major compiles its own cfg branches: lint them all, not only the default's.

@@ -1,0 +1,175 @@
+"""The manual's procedures, run as the manual writes them (issue 38): changing the epoch
+before any ID exists (docs/configuration.md, "Choosing the epoch") and uninstalling
+(docs/install.md, "Uninstall"). When a step here changes, the page must change with it.
+"""
+
+import os
+import unittest
+
+import psycopg
+
+from harness import Cluster, error_of, wait_until
+
+PRELOAD = "'snowflake'"
+EPOCH_2015 = "'2015-01-01 00:00:00+00'"
+EPOCH_2015_MS = 1420070400000
+
+# docs/install.md, Uninstall, step 1: what in this database uses the extension's objects.
+USES_QUERY = """
+SELECT pg_describe_object(d.classid, d.objid, d.objsubid)
+  FROM pg_depend d
+  JOIN pg_depend member ON member.classid = d.refclassid AND member.objid = d.refobjid
+ WHERE member.refclassid = 'pg_extension'::regclass
+   AND member.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'snowflake')
+   AND member.deptype = 'e'
+   AND d.deptype = 'n'
+   AND NOT EXISTS (SELECT FROM pg_depend own          -- not the extension's own objects
+                    WHERE own.classid = d.classid AND own.objid = d.objid
+                      AND (own.deptype = 'e'
+                           OR own.deptype = 'i' AND EXISTS (
+                                  SELECT FROM pg_depend m
+                                   WHERE m.classid = own.refclassid
+                                     AND m.objid = own.refobjid AND m.deptype = 'e')))
+ ORDER BY 1
+"""
+
+SETTINGS = {
+    "shared_preload_libraries": PRELOAD,
+    "snowflake.worker_id": "1",
+    "wal_level": "replica",
+}
+
+
+class EpochChosenLate(unittest.TestCase):
+    """CREATE EXTENSION ran before the preload and the epoch were configured, so every
+    database recorded Twitter's epoch; no ID exists. The recipe records the new one: in one
+    database by recreating the extension, in the other by updating snowflake_origin."""
+
+    def setUp(self):
+        self.pg = Cluster("epochlate").init()
+        self.addCleanup(self.pg.destroy)
+
+    def test_the_recipe_records_the_new_epoch(self):
+        pg = self.pg
+        pg.start()
+        pg.sql("CREATE EXTENSION snowflake")
+        pg.sql("CREATE DATABASE other")
+        pg.sql("CREATE EXTENSION snowflake", dbname="other")
+        pg.stop()
+        pg.configure(**SETTINGS, snowflake__epoch=EPOCH_2015)
+        pg.start()
+        for db in ("postgres", "other"):
+            with pg.connect(db) as conn:
+                e = error_of(conn, "SELECT snowflake_next()")
+            self.assertEqual(e.sqlstate, "55000")
+            self.assertIn("does not match the epoch recorded in this database",
+                          e.diag.message_primary)
+        # Step 1: no ID was issued, so there is no state file to remove.
+        self.assertFalse(os.path.exists(os.path.join(pg.data, "snowflake.state")))
+        # Step 2, both ways.
+        pg.sql(f"UPDATE snowflake_origin SET epoch_unix_ms = {EPOCH_2015_MS}")
+        pg.sql("DROP EXTENSION snowflake", dbname="other")
+        pg.sql("CREATE EXTENSION snowflake", dbname="other")
+        # Step 3: new sessions.
+        for db in ("postgres", "other"):
+            with pg.connect(db) as conn:
+                late = conn.execute(
+                    "SELECT abs(extract(epoch FROM snowflake_to_timestamp(snowflake_next()) "
+                    "- now())) < 60, (SELECT epoch_unix_ms FROM snowflake_origin)").fetchone()
+            self.assertEqual(late, (True, EPOCH_2015_MS), db)
+
+
+class Uninstall(unittest.TestCase):
+    """The uninstall procedure on a primary with a streaming standby: every use found and
+    moved off (a default, a generated column, a view), the extension dropped, the WAL made
+    free of its records, both servers restarted without the library, the data intact."""
+
+    def setUp(self):
+        self.primary = Cluster("uninstp", dict(SETTINGS)).init()
+        self.addCleanup(self.primary.destroy)
+        self.primary.start()
+        self.primary.sql("CREATE EXTENSION snowflake")
+        self.primary.sql(
+            "CREATE TABLE orders (id bigint PRIMARY KEY DEFAULT snowflake_next(), "
+            "created timestamptz GENERATED ALWAYS AS (snowflake_to_timestamp(id)) STORED, "
+            "item text)")
+        self.primary.sql("CREATE VIEW recent AS "
+                         "SELECT id, snowflake_to_timestamp(id) AS at FROM orders")
+        self.primary.sql("INSERT INTO orders (item) SELECT 'x' FROM generate_series(1, 100)")
+
+    def without_the_library(self, c):
+        c.configure(shared_preload_libraries=None, snowflake__worker_id=None)
+
+    def test_the_procedure(self):
+        primary = self.primary
+        standby = Cluster("uninsts").init_standby_of(primary)
+        self.addCleanup(standby.destroy)
+        standby.start()
+        standby.walreceiver_pid()
+        before = primary.sql("SELECT id, created FROM orders ORDER BY id")
+
+        # 1. Find what uses the extension.
+        uses = [r[0] for r in primary.sql(USES_QUERY)]
+        self.assertEqual(uses, ["default value for column created of table orders",
+                                "default value for column id of table orders",
+                                "rule _RETURN on view recent"])
+        with primary.connect() as conn:
+            e = error_of(conn, "DROP EXTENSION snowflake")
+        self.assertEqual(e.sqlstate, "2BP01")
+
+        # 2. Move each off.
+        primary.sql("ALTER TABLE orders ALTER COLUMN id DROP DEFAULT")
+        primary.sql("ALTER TABLE orders ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY")
+        primary.sql("SELECT setval(pg_get_serial_sequence('orders', 'id'), "
+                    "(SELECT max(id) FROM orders))")
+        primary.sql("ALTER TABLE orders ALTER COLUMN created DROP EXPRESSION")
+        primary.sql("DROP VIEW recent")
+        self.assertEqual(primary.sql(USES_QUERY), [])
+
+        # 3. Drop it.
+        primary.sql("DROP EXTENSION snowflake")
+
+        # 4. No WAL that needs the library: a checkpoint on the primary, replayed and
+        # followed by a restartpoint on the standby; then both restart without it.
+        primary.sql("CHECKPOINT")
+        standby.wait_replayed(primary)
+        standby.sql("CHECKPOINT")
+        standby.stop()
+        self.without_the_library(standby)
+        standby.start()
+        primary.stop("fast")
+        self.without_the_library(primary)
+        primary.start()
+
+        self.assertEqual(primary.sql("SELECT id, created FROM orders ORDER BY id"), before)
+        primary.sql("INSERT INTO orders (item) VALUES ('after')")
+        new_id = primary.one("SELECT id FROM orders WHERE item = 'after'")
+        self.assertGreater(new_id, before[-1][0])
+        standby.wait_replayed(primary)
+        self.assertEqual(standby.one("SELECT count(*) FROM orders"), 101)
+
+        # 5. The files the extension left in the data directories.
+        for c in (primary, standby):
+            left = sorted(f for f in os.listdir(c.data) if f.startswith("snowflake."))
+            self.assertTrue(set(left) <= {"snowflake.state", "snowflake.origins",
+                                          "snowflake.prepared", "snowflake.claim",
+                                          "snowflake.claim_token", "snowflake.fleet_ttl"},
+                            left)
+
+    def test_without_the_checkpoint_the_server_does_not_start(self):
+        """Step 4's reason: a crash after the last ID leaves WAL that only the library can
+        replay, and a server started without it refuses."""
+        primary = self.primary
+        primary.stop("immediate")
+        self.without_the_library(primary)
+        self.assertFalse(primary.start(check=False))
+        wait_until(lambda: "resource manager" in primary.log(), what="the replay error")
+        self.assertIn("shared_preload_libraries", primary.log())
+        # Back with the library, it recovers; the procedure then works.
+        primary.configure(**SETTINGS)
+        primary.start()
+        self.assertEqual(primary.one("SELECT count(*) FROM orders"), 100)
+
+
+if __name__ == "__main__":
+    unittest.main()
