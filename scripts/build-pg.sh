@@ -12,6 +12,9 @@
 # Every download is verified: apt checks the suite's signed Release file against the
 # archive keyring and each file against the hashes it lists. Debian's keyring comes with
 # the system; Ubuntu's comes from Debian's ubuntu-keyring package, itself verified that way.
+# No archive host is named here: Debian's mirror is the one the machine's apt configuration
+# uses, and Ubuntu's the one Debian's debootstrap package uses for Ubuntu (or
+# SNOWFLAKE_UBUNTU_MIRROR).
 #   scripts/build-pg.sh 16|17|18|19
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -31,12 +34,33 @@ if [ -n "$cached" ]; then
     exit 0
 fi
 
-debian_mirror="$(awk '/^URIs:/ && $2 ~ /debian\/?$/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)"
-debian_mirror="${debian_mirror:-http://deb.debian.org/debian}"
+# The machine's Debian mirror: the first archive (not -security) its apt sources name, in
+# deb822 files or one-line lists.
+debian_mirror="$( { awk '/^URIs:/ {for (i = 2; i <= NF; i++) print $i}' /etc/apt/sources.list.d/*.sources 2>/dev/null
+                    awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) {print $i; break}}' \
+                        /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null; } |
+                  grep -E '/debian/?$' | head -1 | sed 's:/*$::' || true)"
+if [ -z "$debian_mirror" ]; then
+    echo "build-pg.sh: no Debian archive in the machine's apt sources (/etc/apt/sources.list*)" >&2
+    exit 1
+fi
 debian_keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 work="/var/tmp/snowflake-pg-src/$major"
 rm -rf "$work"
 mkdir -p "$work"
+
+# ubuntu_mirror: SNOWFLAKE_UBUNTU_MIRROR, else the amd64 default of debootstrap's Ubuntu
+# script, read from Debian's debootstrap package (downloaded and verified by apt, not installed).
+ubuntu_mirror() {
+    if [ -n "${SNOWFLAKE_UBUNTU_MIRROR:-}" ]; then
+        echo "${SNOWFLAKE_UBUNTU_MIRROR%/}"
+        return
+    fi
+    (cd "$work" && apt-get -o APT::Sandbox::User=root download -qq debootstrap >/dev/null)
+    dpkg-deb --fsys-tarfile "$work"/debootstrap_*.deb |
+        tar -xO ./usr/share/debootstrap/scripts/gutsy |
+        awk '$1 == "default_mirror" && $2 ~ /\/ubuntu$/ && $2 !~ /old-releases|ports/ && !found {print $2; found = 1}'
+}
 
 # apt_private NAME LINE: runs apt-get with a private configuration holding only LINE.
 apt_private() {
@@ -55,7 +79,7 @@ apt_private() {
 # against SHA-256 sums pinned here. The sums come from the archives' signed indexes when
 # each version was current (17.11's .dsc also checks out against debian-keyring: signed by
 # Christoph Berg). Format: base URL, then "file sha256" for the .dsc and its tarballs.
-pinned_16=("http://archive.ubuntu.com/ubuntu/pool/main/p/postgresql-16"
+pinned_16=("UBUNTU_MIRROR/pool/main/p/postgresql-16"
     "postgresql-16_16.15-0ubuntu0.24.04.1.dsc b0efc56f3d6530672eef604e4b0fc4637892b563d319e571d70de5e49d254ffd"
     "postgresql-16_16.15.orig.tar.gz 4f200ca23dfb120ff9838f13ce06014aad1d3c432d16ee9f93ab2000c0eeef7b"
     "postgresql-16_16.15-0ubuntu0.24.04.1.debian.tar.xz 8a7e856540a2722259d1c43948e8d810fba8ce9bfe161fb686b537adce9be652")
@@ -71,7 +95,7 @@ pinned_18=("$debian_mirror/pool/main/p/postgresql-18"
 # fetch_pinned: downloads the pinned source of $major into $work and checks every file.
 fetch_pinned() {
     local -n pinned="pinned_$major"
-    local base="${pinned[0]}" entry file sum
+    local base="${pinned[0]/UBUNTU_MIRROR/${ubuntu:-}}" entry file sum
     for entry in "${pinned[@]:1}"; do
         file="${entry% *}"
         sum="${entry#* }"
@@ -88,7 +112,12 @@ case "$major" in
         (cd "$work" && apt_private keyring "$keyring_line" download -qq ubuntu-keyring)
         dpkg-deb --fsys-tarfile "$work"/ubuntu-keyring_*.deb |
             tar -xO ./usr/share/keyrings/ubuntu-archive-keyring.gpg >"$work/ubuntu-archive-keyring.gpg"
-        source_line="deb-src [signed-by=$work/ubuntu-archive-keyring.gpg] http://archive.ubuntu.com/ubuntu noble-updates main"
+        ubuntu="$(ubuntu_mirror)"
+        if [ -z "$ubuntu" ]; then
+            echo "build-pg.sh: no Ubuntu mirror (set SNOWFLAKE_UBUNTU_MIRROR)" >&2
+            exit 1
+        fi
+        source_line="deb-src [signed-by=$work/ubuntu-archive-keyring.gpg] $ubuntu noble-updates main"
         ;;
     17) source_line="deb-src [signed-by=$debian_keyring] $debian_mirror trixie main" ;;
     18) source_line="deb-src [signed-by=$debian_keyring] $debian_mirror sid main" ;;

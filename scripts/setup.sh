@@ -4,8 +4,25 @@
 # cargo-pgrx 0.18.1, `cargo pgrx init` for every major, and the client libraries the
 # examples use (SQLAlchemy 2 from PyPI into /opt/snowflake-pylib; npm's pg for examples/node).
 #   PG_MAJORS="15 17 18" scripts/setup.sh      (default: 15)
+# It changes the machine it runs on (packages and services, local builds of PostgreSQL 16-18
+# installed as postgresql-<major>): run it on a build or test machine, never on a database
+# server (README, "Before you run the scripts").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 majors="${PG_MAJORS:-15}"
+
+# Rust comes from rustup, not from Debian (Debian 12's is far older than Cargo.toml's
+# rust-version): check it first, and say how to get it.
+RUST_NEEDED=1.95.0
+rust_found="$(rustc --version 2>/dev/null | awk '{print $2}' || true)"
+if [ -z "$rust_found" ] || ! printf '%s\n%s\n' "$RUST_NEEDED" "$rust_found" | sort -C -V; then
+    cat >&2 <<MSG
+setup.sh: Rust $RUST_NEEDED or later is needed; found: ${rust_found:-no rustc on PATH}.
+Install it with rustup (see rustup.rs), as the user that builds:
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --default-toolchain $RUST_NEEDED
+then open a new shell (or: . "\$HOME/.cargo/env") and run this again.
+MSG
+    exit 1
+fi
 
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-client-15
@@ -24,8 +41,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -o DPkg::Lock::Timeout=600 -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # Debian's package starts a "main" cluster on port 5432; we never use it.
-    pg_ctlcluster 15 main stop 2>/dev/null || true
+    # Debian's postgresql-15 package creates and starts a "main" cluster on port 5432, which
+    # the tests never use: stop it only when this run installed that package (it is then
+    # new and empty), never a cluster that was there before.
+    if [[ " ${missing[*]} " == *" postgresql-15 "* ]]; then
+        pg_ctlcluster 15 main stop 2>/dev/null || true
+    fi
 fi
 
 for m in $majors; do

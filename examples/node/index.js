@@ -29,7 +29,7 @@ async function main() {
     const unixMs = Number((id >> 22n) + 1288834974657n); // the default (Twitter) epoch
     const back = await client.query('SELECT body FROM notes WHERE id = $1', [id.toString()]);
 
-    // What Number would do: above 2^53 doubles are 128 apart at this size, so ten
+    // What Number would do: above 2^53 doubles are 256 apart at this size (2^60 to 2^61), so ten
     // consecutive IDs collapse onto one or two numbers.
     const tenIds = Array.from({ length: 10 }, (_, k) => id + BigInt(k));
     const distinctAsNumber = new Set(tenIds.map((x) => Number(x))).size;

@@ -133,7 +133,7 @@ pub fn setting(err: &SettingError) -> SnowflakeError {
             format!("{} is auto, but {} is not set", settings::WORKER_ID, settings::REGISTRY),
             "With worker_id = 'auto' the worker id is claimed from a registry.",
             format!(
-                "Set {} to redis://HOST:PORT[/DB] or postgresql://USER@HOST:PORT/DB in postgresql.conf, or set {} to a number, and restart the server.",
+                "Set {} to a redis://, redis+sentinel://, postgresql:// or etcd:// URI in postgresql.conf (see the manual's Registries page), or set {} to a number, and restart the server.",
                 settings::REGISTRY,
                 settings::WORKER_ID
             ),
@@ -141,7 +141,7 @@ pub fn setting(err: &SettingError) -> SnowflakeError {
         SettingError::BadRegistry { value } => SnowflakeError::new(
             code,
             format!("invalid value for parameter \"{}\": \"{value}\"", settings::REGISTRY),
-            "The registry must be a redis:// URI or a libpq postgresql:// URI.",
+            "The registry must be a redis[s]://, redis[s]+sentinel://, postgresql:// (or postgres://) or etcd[s]:// URI.",
             format!("Correct {} in postgresql.conf and restart the server.", settings::REGISTRY),
         ),
         SettingError::BadEpoch { value, reason } => SnowflakeError::new(

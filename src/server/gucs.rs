@@ -123,7 +123,7 @@ pub fn init(preloading: bool) {
         (
             c"snowflake.epoch",
             c"Time that ID timestamp 0 stands for: an ISO-8601 timestamp with time zone, or Unix milliseconds.",
-            c"Fixed for the lifetime of a cluster once the first ID is generated. Defaults to Twitter's epoch.",
+            c"Set it before CREATE EXTENSION: each database records the epoch in force then, and the data directory at the first ID; neither may change while IDs exist. Defaults to Twitter's epoch.",
             &EPOCH,
             GucFlags::default(),
         ),
@@ -136,15 +136,15 @@ pub fn init(preloading: bool) {
         ),
         (
             c"snowflake.registry_ca_file",
-            c"CA certificates (PEM) that TLS connections to the registry trust, all of them and no others: rediss://, etcds://, and the coordinator without sslrootcert (its sslmode=require then checks the CA, as verify-ca).",
+            c"CA certificates (PEM) that TLS connections to the registry trust, all of them and no others: rediss://, rediss+sentinel://, etcds://, and the coordinator without sslrootcert (its sslmode=require then checks the CA, as verify-ca).",
             c"Empty: the system's trusted certificates.",
             &REGISTRY_CA_FILE,
             GucFlags::SUPERUSER_ONLY,
         ),
         (
             c"snowflake.registry_password_file",
-            c"File holding the registry's password, so that snowflake.registry need not: its first line for Redis and etcd, .pgpass lines for a PostgreSQL coordinator.",
-            c"It must belong to the server's OS user with mode 0600 or stricter.",
+            c"File holding the registry's password, so that snowflake.registry need not: its first line for Redis, Sentinel and etcd, .pgpass lines for a PostgreSQL coordinator.",
+            c"It must be private: the server's OS user's with no group or other access (0600), or root's with at most group read (0640).",
             &REGISTRY_PASSWORD_FILE,
             GucFlags::SUPERUSER_ONLY,
         ),

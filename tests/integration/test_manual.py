@@ -1,6 +1,7 @@
 """The manual's procedures, run as the manual writes them (issue 38): changing the epoch
-before any ID exists (docs/configuration.md, "Choosing the epoch") and uninstalling
-(docs/install.md, "Uninstall"). When a step here changes, the page must change with it.
+before any ID exists (docs/configuration.md, "Choosing the epoch"), uninstalling
+(docs/install.md, "Uninstall"), and the claim of docs/migrating.md that new IDs are above
+pgEdge's. When a step here changes, the page must change with it.
 """
 
 import os
@@ -77,6 +78,23 @@ class EpochChosenLate(unittest.TestCase):
                     "SELECT abs(extract(epoch FROM snowflake_to_timestamp(snowflake_next()) "
                     "- now())) < 60, (SELECT epoch_unix_ms FROM snowflake_origin)").fetchone()
             self.assertEqual(late, (True, EPOCH_2015_MS), db)
+
+
+class FromPgedge(unittest.TestCase):
+    """docs/migrating.md: with the default epoch, every new ID is above every ID pgEdge's
+    extension can have issued up to now (41 bits of ms since 2023-01-01, then any node and
+    counter), with a second to spare for its clocks."""
+
+    def test_new_ids_are_above_pgedges(self):
+        pg = Cluster("frompgedge", dict(SETTINGS)).init()
+        self.addCleanup(pg.destroy)
+        pg.start()
+        pg.sql("CREATE EXTENSION snowflake")
+        ours, pgedge_max = pg.sql(
+            "SELECT snowflake_next(), "
+            "((extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1000 - 1672531200000) "
+            "<< 22 | 1023 << 12 | 4095")[0]
+        self.assertGreater(ours, pgedge_max)
 
 
 class Uninstall(unittest.TestCase):

@@ -659,7 +659,7 @@ class LeastPrivilegeCredentials(unittest.TestCase):
         # The tables' owner creates them: here a first node with the superuser's credential.
         self.claim_issue_release(coord, coord.uri())
         coord.cluster.sql("CREATE ROLE snowflake_node LOGIN")
-        coord.cluster.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON snowflake_registry, snowflake_registry_instance, snowflake_claims TO snowflake_node")
+        coord.cluster.sql("GRANT SELECT, INSERT, UPDATE ON snowflake_registry, snowflake_registry_instance, snowflake_claims TO snowflake_node")
         worker = self.claim_issue_release(
             coord, f"'postgresql://snowflake_node@127.0.0.1:{coord.cluster.port}/postgres'")
         holder = coord.cluster.one("SELECT holder FROM snowflake_claims WHERE datacenter_id = 1 AND worker_id = %s",
