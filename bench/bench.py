@@ -311,6 +311,7 @@ def write_svg(res, path):
     height = height1 + height2
     colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1"]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+           '<title>Per-row IDs per second, one session</title>',
            '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="10" y="20" font-size="14" font-weight="bold">Per-row IDs per second (millions), one session, {res["rows"]:,} rows</text>']
     peak = max(v for _, v in bars) or 1

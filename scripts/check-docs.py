@@ -9,7 +9,8 @@ Checks README.md, CHANGELOG.md and every docs/**/*.md:
 * every `#anchor`, on the same page or on another Markdown page, matches a heading of the
   target page under GitHub's slug rules, or an explicit `<a id="...">` / `<a name="...">`;
 * README.md stays under README_MAX_LINES lines, so that it remains an introduction;
-* every docs page is linked from README.md or from another docs page.
+* every docs page is linked from README.md or from another docs page;
+* every SVG picture linked is well-formed, with a <title>.
 
 Links inside fenced code blocks, inline code and HTML comments are not links on GitHub and
 are ignored. External links (`http:`, `https:`, `mailto:`, any other scheme) are counted,
@@ -28,6 +29,7 @@ import os
 import re
 import sys
 import unicodedata
+from xml.etree import ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
@@ -362,7 +364,23 @@ class Checker:
         if not target.exists():
             self.problem(page, line, f"{location}: no such file or directory")
             return None
+        if target.suffix.lower() == ".svg":
+            self.check_svg(page, line, location, target)
         return target
+
+    def check_svg(self, page: Page, line: int, location: str, target: Path) -> None:
+        """A picture of the manual: well-formed SVG with a <title> (what a screen reader and
+        a browser's tooltip give)."""
+        try:
+            svg = ElementTree.parse(target).getroot()
+        except ElementTree.ParseError as e:
+            self.problem(page, line, f"{location}: not well-formed SVG: {e}")
+            return
+        ns = "{http://www.w3.org/2000/svg}"
+        if svg.tag != ns + "svg":
+            self.problem(page, line, f"{location}: the root element is not <svg>")
+        elif svg.find(ns + "title") is None or not (svg.find(ns + "title").text or "").strip():
+            self.problem(page, line, f"{location}: the SVG has no <title>")
 
     def check_anchor(self, page: Page, line: int, dest: str, target: Path, anchor: str) -> None:
         """Check `#anchor` against the target's headings (Markdown) or lines (#L12)."""
