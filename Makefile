@@ -3,7 +3,9 @@
 #   make PG_CONFIG=/usr/lib/postgresql/17/bin/pg_config
 #   sudo make install PG_CONFIG=/usr/lib/postgresql/17/bin/pg_config    [DESTDIR=/staging]
 # Needs Rust 1.95 or later, cargo-pgrx 0.18.1 (cargo install cargo-pgrx --version 0.18.1
-# --locked) and that major's server headers (postgresql-server-dev-17). See docs/install.md.
+# --locked), clang, libclang-dev, pkg-config, libssl-dev, protobuf-compiler (the etcd
+# client's build runs protoc), libprotobuf-dev and that major's server headers
+# (postgresql-server-dev-17). See docs/install.md.
 # The library must then be added to shared_preload_libraries (a restart).
 
 PG_CONFIG ?= pg_config
