@@ -5,6 +5,7 @@ pgEdge's. When a step here changes, the page must change with it.
 """
 
 import os
+import re
 import unittest
 
 import psycopg
@@ -39,6 +40,65 @@ SETTINGS = {
     "snowflake.worker_id": "1",
     "wal_level": "replica",
 }
+
+
+def doc_settings():
+    """The settings table of docs/configuration.md: name -> (default, range) cells."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                        "configuration.md")
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"\|\s*`(snowflake\.[a-z_]+)`\s*\|([^|]*)\|([^|]*)\|", line)
+            if m:
+                rows[m.group(1)] = (m.group(2).strip(), m.group(3).strip())
+    return rows
+
+
+MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
+
+
+def in_ms(text):
+    """`10s`, `1ms`, `10min`, `1h`, `0` -> ms."""
+    m = re.fullmatch(r"(\d+)\s*(ms|s|min|h)?", text.strip().strip("`"))
+    if not m:
+        raise ValueError(text)
+    return int(m.group(1)) * MS[m.group(2) or "ms"]
+
+
+class SettingsTable(unittest.TestCase):
+    """docs/configuration.md's settings table against what the server reports in
+    pg_settings: every default, range and enum value as the table writes it."""
+
+    def test_defaults_and_ranges_match_pg_settings(self):
+        pg = Cluster("settingstable", dict(SETTINGS)).init()
+        self.addCleanup(pg.destroy)
+        pg.start()
+        docs = doc_settings()
+        rows = pg.sql("SELECT name, vartype, boot_val, min_val, max_val, unit, enumvals "
+                      "FROM pg_settings WHERE name LIKE 'snowflake.%'")
+        self.assertEqual(sorted(docs), sorted(r[0] for r in rows))
+        for name, vartype, boot, lo, hi, unit, enumvals in rows:
+            default, range_ = docs[name]
+            with self.subTest(setting=name):
+                if vartype == "integer" and unit == "ms":
+                    self.assertEqual(in_ms(default), int(boot))
+                    low, _, high = range_.partition("..")
+                    self.assertEqual(in_ms(low), int(lo))
+                    if high.strip():
+                        self.assertEqual(in_ms(high), int(hi))
+                    else:
+                        self.assertEqual(int(hi), 2**31 - 1)  # written "0 .."
+                elif vartype == "integer":
+                    self.assertEqual(int(default.strip("`")), int(boot))
+                    self.assertEqual(range_, f"{lo} .. {hi}")
+                elif vartype == "enum":
+                    self.assertEqual(default.strip("`"), boot)
+                    self.assertEqual(re.findall(r"`([a-z]+)`", range_), list(enumvals))
+                elif boot:
+                    self.assertEqual(default.strip("`"), boot)
+                else:
+                    self.assertTrue(default.startswith("*(none"), default)
 
 
 class EpochChosenLate(unittest.TestCase):
