@@ -4,11 +4,14 @@
 # cargo-pgrx 0.18.1, `cargo pgrx init` for every major, and the client libraries the
 # examples use (SQLAlchemy 2 from PyPI into /opt/snowflake-pylib; npm's pg for examples/node).
 #   PG_MAJORS="15 17 18" scripts/setup.sh      (default: 15)
+#   SETUP_FOR=build scripts/setup.sh           what building a package needs, nothing else:
+#                                              no registry servers, no client libraries
 # It changes the machine it runs on (packages and services, local builds of PostgreSQL 16-18
 # installed as postgresql-<major>): run it on a build or test machine, never on a database
-# server (README, "Before you run the scripts").
+# server (README, the warning under "Quick start").
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 majors="${PG_MAJORS:-15}"
+setup_for="${SETUP_FOR:-test}"
 
 # Rust comes from rustup, not from Debian (Debian 12's is far older than Cargo.toml's
 # rust-version): check it first, and say how to get it.
@@ -24,12 +27,18 @@ MSG
     exit 1
 fi
 
+# What building the library and its package needs (SETUP_FOR=build), then what the tests
+# add: the registries' servers, Patroni, the clock shims, the client examples' libraries.
 PACKAGES=(
     postgresql-15 postgresql-server-dev-15 postgresql-client-15
-    libclang-dev clang pkg-config sudo faketime libfaketime python3-psycopg python3-pip dpkg-dev curl
-    redis-server redis-sentinel patroni etcd-server etcd-client protobuf-compiler libprotobuf-dev
-    libssl-dev openssl lintian unzip
+    libclang-dev clang pkg-config dpkg-dev curl protobuf-compiler libprotobuf-dev libssl-dev
 )
+if [ "$setup_for" != build ]; then
+    PACKAGES+=(
+        sudo faketime libfaketime python3-psycopg python3-pip openssl lintian unzip
+        redis-server redis-sentinel patroni etcd-server etcd-client
+    )
+fi
 missing=()
 for pkg in "${PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
@@ -71,6 +80,10 @@ done
 if [ "$needed" = 1 ]; then
     log "Registering PostgreSQL with pgrx: ${args[*]}"
     cargo pgrx init "${args[@]}"
+fi
+
+if [ "$setup_for" = build ]; then
+    exit 0
 fi
 
 # SQLAlchemy 2 for examples/python/sqlalchemy_models.py (Debian 12 ships 1.4), beside the
