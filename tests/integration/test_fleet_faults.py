@@ -424,6 +424,73 @@ class FleetFaultBase(unittest.TestCase):
 
 
 # --------------------------------------------------------------------------------------
+# 20. the coordinator's database restored from pg_dump while it runs
+
+class CoordinatorRestoredFromDump(FleetFaultBase):
+
+    def test_20_a_coordinator_restored_from_pg_dump_settles(self):
+        """helper-16's review. A DBA restores the coordinator's database from a pg_dump made
+        earlier, into the running coordinator (dropdb, createdb, pg_restore): the same
+        postmaster start time, and pg_dump copies the unlogged table's token, so the
+        registry did not see a loss, and a newcomer was given a live holder's id from the
+        restored rows at once (8,150 to 15,650 duplicates). Holder O (claim_ttl 10 s) is cut
+        off right after a renewal, still issuing under its fence; the registry is restored
+        to a dump whose claim of O's id has expired; newcomer N, with only that id free,
+        must find the registry settling, and be given the id only after it: no ID twice."""
+        ttl = 10
+        coord = Coordinator()
+        self.started(coord)
+        k = coord.cluster
+        k.sql("CREATE DATABASE registry")
+        proxy = self.proxy(k.port)
+        o = self.new("o", Uri(f"'postgresql://postgres@127.0.0.1:{proxy.port}/registry'"), ttl)
+        n = self.new("n", Uri(f"'postgresql://postgres@127.0.0.1:{k.port}/registry'"), ttl)
+        self.up(o)
+        w = wait_claimed(o)
+        for other in range(WORKERS):
+            if other != w:
+                k.sql("""INSERT INTO snowflake_claims (datacenter_id, worker_id, holder, expires_unix_ms)
+                         VALUES (%s, %s, 'someone-else', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 3600000)""",
+                      (DC, other), dbname="registry")
+        wr_o = self.writer(o)
+        wr_o.running(200)
+        dump = os.path.join(k.dir, "registry.dump")
+        tools = dict(host="127.0.0.1", port=str(k.port))
+
+        def pg_tool(name, *args):
+            subprocess.run(["runuser", "-u", "postgres", "--", f"{k.bin}/{name}", "-h", tools["host"],
+                            "-p", tools["port"], "-U", "postgres", *args], check=True, capture_output=True)
+        pg_tool("pg_dump", "-Fc", "-f", dump, "registry")
+        dumped_expiry = k.sql("SELECT expires_unix_ms FROM snowflake_claims WHERE datacenter_id = %s "
+                              "AND worker_id = %s", (DC, w), dbname="registry")[0][0]
+        born_before = k.sql("SELECT born_unix_ms FROM snowflake_registry", dbname="registry")[0][0]
+        wait_until(lambda: k.sql("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint > %s",
+                                 (dumped_expiry,), dbname="registry")[0][0],
+                   what="the dumped claim expired")
+        after_renewal(o)
+        proxy.mode = "drop"  # O issues on under its fence, unheard
+        pg_tool("dropdb", "--force", "registry")
+        pg_tool("createdb", "registry")
+        pg_tool("pg_restore", "-d", "registry", dump)
+        self.up(n)
+        seen = set()
+        wr_n = self.writer(n)
+        self.assertEqual(wait_claimed(n, seen=seen), w)
+        wait_until(lambda: status(o) != "held", what="O's fence ended")
+        marks = len(wr_n.got)
+        wait_until(lambda: len(wr_n.got) > marks + 500, what="N writing")
+        self.stop_writers(wr_o, wr_n)
+        born_after = k.sql("SELECT born_unix_ms FROM snowflake_registry", dbname="registry")[0][0]
+        dup = duplicates(wr_o.got, wr_n.got)
+        report_figure("coordinator restored from pg_dump while it ran", (
+            f"claim_ttl {ttl} s; O {len(wr_o.got)} IDs, N {len(wr_n.got)} IDs; N's statuses "
+            f"{sorted(seen)}; {dup} duplicates"))
+        self.assertEqual(dup, 0, f"{dup} duplicate IDs between O and N")
+        self.assertIn("settling", seen, "the restored registry did not settle")
+        self.assertGreater(born_after, born_before, "no new incarnation after the restore")
+
+
+# --------------------------------------------------------------------------------------
 # 1. the coordinator forgets a claim at its crash restart
 
 class CoordinatorCrashRestart(FleetFaultBase):
