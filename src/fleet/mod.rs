@@ -113,6 +113,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         Ok(client) => client,
         Err(e) => {
             report(&config, ClaimStatus::Refused, 0, &e.0, 0);
+            errors::registry_unusable(&worker.holder.settings().uri, &e.0).warn();
             while BackgroundWorker::wait_latch(None) {}
             exit_for_restart();
             return;

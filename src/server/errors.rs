@@ -635,6 +635,20 @@ pub fn claim_setup(what: &str) -> SnowflakeError {
     )
 }
 
+/// The WARNING written once when the registry worker cannot use `snowflake.registry` at all
+/// (a URI it refuses, a password file or CA file it cannot use): the worker then reports
+/// `refused` until the server restarts, and without this line the cause was only in the
+/// DETAIL of a session's error (issue 38's second walkthrough). `why` has no secret (the
+/// clients' errors are filtered: `fleet::registry::open`).
+pub fn registry_unusable(registry: &str, why: &str) -> SnowflakeError {
+    SnowflakeError::new(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("snowflake: cannot use registry {registry}"),
+        why.to_string(),
+        "Correct snowflake.registry, snowflake.registry_password_file or snowflake.registry_ca_file (or the files they name), then restart the server; until then no worker id is claimed.",
+    )
+}
+
 /// The LOG line written when the registry grants a claim.
 pub fn claimed(
     datacenter_id: u8,

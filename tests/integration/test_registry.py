@@ -669,3 +669,30 @@ class LeastPrivilegeCredentials(unittest.TestCase):
                              dbname="postgres", autocommit=True) as conn:
             e = error_of(conn, "CREATE TABLE other (x int)")
             self.assertEqual(e.sqlstate, "42501")
+
+
+class UnusableRegistry(unittest.TestCase):
+    """A registry setting the worker cannot use at all (here a password file others may
+    read): the worker reports `refused`, and the server log says why, once, without the
+    password (issue 38's second walkthrough: the cause was only in a session's DETAIL)."""
+
+    def test_the_cause_is_logged(self):
+        secret = "s3cret-" + os.urandom(6).hex()
+        c = node(f"unusable{free_port()}", Redis(),
+                 **{"snowflake.registry": "'etcd://127.0.0.1:1'"})
+        self.addCleanup(c.destroy)
+        c.init()
+        path = os.path.join(c.dir, "registry.pass")
+        with open(path, "w") as f:
+            f.write(secret + "\n")
+        os.chmod(path, 0o644)
+        c.configure(**{"snowflake.registry_password_file": f"'{path}'"})
+        c.start()
+        c.sql("CREATE EXTENSION snowflake")
+        wait_status(c, "refused")
+        wait_until(lambda: "cannot use registry" in c.log(), what="the WARNING in the log")
+        log = c.log()
+        self.assertIn("WARNING:  snowflake: cannot use registry etcd://127.0.0.1:1", log)
+        self.assertIn("is not private", log)
+        self.assertEqual(log.count("cannot use registry"), 1)
+        self.assertNotIn(secret, log)
