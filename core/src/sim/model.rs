@@ -375,10 +375,9 @@ struct Pending {
 #[derive(Debug, Clone)]
 struct Copy {
     server: usize,
-    /// The first copy of this server that this one descends from by memory clones.
+    /// The first copy of this server that this one descends from by memory clones (a copy
+    /// of a data directory is a root of its own: [`Copy::is_disk_copy`]).
     root: usize,
-    /// Started from another copy's data directory ([`Fault::DiskCopy`]).
-    disk_copy: bool,
     /// The registry worker's decisions: the product's [`Holder`].
     holder: Holder,
     /// The postmaster's own token (a restart draws another; a crash restart keeps it).
@@ -415,7 +414,79 @@ struct Copy {
     etcd: EtcdClient,
 }
 
+/// What a server starts from on disk: its token, claim and fleet ttl files and its
+/// generator's durable position.
+struct DataDir {
+    token_file: Option<ClaimTokens>,
+    claim_file: Option<LastClaim>,
+    fleet_ttl_file: u64,
+    position: i64,
+}
+
+impl DataDir {
+    const NEW: DataDir = DataDir {
+        token_file: None,
+        claim_file: None,
+        fleet_ttl_file: 0,
+        position: i64::MIN,
+    };
+}
+
 impl Copy {
+    /// A copy of `server` starting with a registry worker of its own, from `disk` and
+    /// nothing in memory, on a host with these clocks ([`host_clocks`]), accounted from true
+    /// time `issued_upto`.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        fixes: Fixes,
+        server: usize,
+        root: usize,
+        timing: ClaimTiming,
+        postmaster: String,
+        disk: DataDir,
+        (clock, mono): (i64, i64),
+        issued_upto: i64,
+    ) -> Copy {
+        Copy {
+            server,
+            root,
+            holder: start_holder(
+                fixes,
+                server,
+                timing,
+                &postmaster,
+                disk.token_file.clone(),
+                disk.claim_file.clone(),
+                disk.fleet_ttl_file,
+            ),
+            postmaster,
+            token_file: disk.token_file,
+            claim_file: disk.claim_file,
+            fleet_ttl_file: disk.fleet_ttl_file,
+            timing,
+            clock,
+            mono,
+            generator: None,
+            floor: i64::MIN,
+            position: disk.position,
+            positions: VecDeque::new(),
+            pending: None,
+            frozen_until: 0,
+            down_until: 0,
+            issued_upto,
+            partitioned_until: 0,
+            alive: true,
+            busy: true,
+            etcd: EtcdClient::default(),
+        }
+    }
+
+    /// Started from another copy's data directory ([`Fault::DiskCopy`]): such a copy is
+    /// its own root, and its server's other copies are not.
+    fn is_disk_copy(&self) -> bool {
+        self.root != self.server
+    }
+
     fn wall(&self, t: i64) -> i64 {
         t + self.clock
     }
@@ -549,37 +620,19 @@ impl Sim {
         let mut copies = Vec::new();
         for server in 0..space.servers {
             let timing = ClaimTiming::new(space.ttls_ms[server % space.ttls_ms.len()]);
-            // With registry hosts whose clocks differ, a server may be within the allowed skew
-            // of one host and not of another.
-            let spread = (timing.max_skew_ms() as f64 * space.clock_spread) as i64
-                + space.registry_host_clock_ms;
-            let clock = START_UNIX_MS + rng.spread(spread);
+            let clocks = host_clocks(&mut rng, &space, timing);
             let postmaster = format!("{}@s{server}", server + 1);
-            copies.push(Copy {
+            let copy = Copy::start(
+                fixes,
                 server,
-                root: server,
-                disk_copy: false,
-                holder: start_holder(fixes, server, timing, &postmaster, None, None, 0),
-                postmaster,
-                token_file: None,
-                claim_file: None,
-                fleet_ttl_file: 0,
+                server,
                 timing,
-                clock,
-                mono: 1_000_000 + rng.range(0, 1_000_000),
-                generator: None,
-                floor: i64::MIN,
-                position: i64::MIN,
-                positions: VecDeque::new(),
-                pending: None,
-                frozen_until: 0,
-                down_until: 0,
-                issued_upto: 0,
-                partitioned_until: 0,
-                alive: true,
-                busy: true,
-                etcd: EtcdClient::default(),
-            });
+                postmaster,
+                DataDir::NEW,
+                clocks,
+                0,
+            );
+            copies.push(copy);
         }
         let max_ttl = copies
             .iter()
@@ -736,7 +789,7 @@ impl Sim {
 
     fn record(&mut self, c: usize, worker: u8, lo: i64, hi: i64) {
         self.outcome.issued_ms += hi - lo + 1;
-        if self.copies[c].disk_copy {
+        if self.copies[c].is_disk_copy() {
             self.outcome.disk_copy_issued_ms += hi - lo + 1;
         }
         if lo <= self.last_issued[c] {
@@ -1553,44 +1606,17 @@ impl Sim {
         } else {
             original.postmaster.clone()
         };
-        let spread = (original.timing.max_skew_ms() as f64 * self.space.clock_spread) as i64
-            + self.space.registry_host_clock_ms;
-        let clock = START_UNIX_MS + self.rng.spread(spread);
-        let mono = 1_000_000 + self.rng.range(0, 1_000_000);
-        let n = self.copies.len();
-        let copy = Copy {
-            server: original.server,
-            root: n,
-            disk_copy: true,
-            holder: start_holder(
-                self.fixes,
-                original.server,
-                original.timing,
-                &postmaster,
-                original.token_file.clone(),
-                original.claim_file.clone(),
-                original.fleet_ttl_file,
-            ),
-            postmaster,
+        let disk = DataDir {
             token_file: original.token_file.clone(),
             claim_file: original.claim_file.clone(),
             fleet_ttl_file: original.fleet_ttl_file,
-            timing: original.timing,
-            clock,
-            mono,
-            generator: None,
-            floor: i64::MIN,
             position,
-            positions: VecDeque::new(),
-            pending: None,
-            frozen_until: 0,
-            down_until: 0,
-            issued_upto: t,
-            partitioned_until: 0,
-            alive: true,
-            busy: true,
-            etcd: EtcdClient::default(),
         };
+        let (server, timing) = (original.server, original.timing);
+        let clocks = host_clocks(&mut self.rng, &self.space, timing);
+        let n = self.copies.len();
+        // Its own root: its IDs may never meet its original's.
+        let copy = Copy::start(self.fixes, server, n, timing, postmaster, disk, clocks, t);
         self.note(|| {
             format!("copy {n} starts from copy {c}'s data directory, position {position}")
         });
@@ -1598,6 +1624,17 @@ impl Sim {
         self.last_issued.push(position);
         self.at(t + 1, Event::Step(n));
     }
+}
+
+/// A new host's clocks for a server with `timing`: the wall clock off the registry's first
+/// host by up to the allowed skew (a share of it: the space's `clock_spread`) plus the spread
+/// of the registry hosts' clocks (so a server may be within the skew of one registry host and
+/// not of another), and a monotonic clock of its own.
+fn host_clocks(rng: &mut Rng, space: &Space, timing: ClaimTiming) -> (i64, i64) {
+    let spread =
+        (timing.max_skew_ms() as f64 * space.clock_spread) as i64 + space.registry_host_clock_ms;
+    let clock = START_UNIX_MS + rng.spread(spread);
+    (clock, 1_000_000 + rng.range(0, 1_000_000))
 }
 
 /// The timing a claim settles and is quarantined by: `ClaimRequest::claim_timing` (the
