@@ -545,22 +545,19 @@ impl EtcdRegistry {
                         registry_id: record.registry_id,
                         sample_age_ms: 0,
                     };
-                    if record.epoch_unix_ms != request.epoch_unix_ms {
-                        let epoch = Begun::Epoch(record.epoch_unix_ms);
-                        return Ok((epoch, observed, clock.received_at));
-                    }
-                    return Ok(match clock.request_age(request) {
-                        RequestAge::Fresh => (
-                            Begun::Ready(Ready {
+                    let begun = if record.epoch_unix_ms != request.epoch_unix_ms {
+                        Begun::Epoch(record.epoch_unix_ms)
+                    } else {
+                        match clock.request_age(request) {
+                            RequestAge::Fresh => Begun::Ready(Ready {
                                 snapshot,
                                 record,
                                 fleet_seen: seen,
                             }),
-                            observed,
-                            clock.received_at,
-                        ),
-                        age => (Begun::Rejected(age), observed, clock.received_at),
-                    });
+                            age => Begun::Rejected(age),
+                        }
+                    };
+                    return Ok((begun, observed, clock.received_at));
                 }
             }
         }
