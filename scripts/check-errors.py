@@ -116,14 +116,6 @@ def split_args(text: str, start: int) -> tuple[list[str], int]:
     raise ValueError("unbalanced call")
 
 
-def string_literals(expr: str) -> list[str]:
-    """The string literals of an expression, unescaped (raw strings not used here)."""
-    out = []
-    for m in re.finditer(r'"((?:\\.|[^"\\])*)"', expr):
-        out.append(m.group(1).replace('\\"', '"').replace("\\\\", "\\"))
-    return out
-
-
 def balanced(text: str, start: int) -> int:
     """The index after the bracket closing the one at text[start] (string literals skipped)."""
     depth, i = 0, start
@@ -233,7 +225,7 @@ def rust_messages(root: Path, by_macro: dict[str, str]) -> tuple[list[Message], 
         for m in re.finditer(r"pgrx::error!\(", body):
             line = body.count("\n", 0, m.start()) + 1
             args, _ = split_args(body, m.end() - 1)
-            for literal in string_literals(args[0])[:1]:
+            for literal in message_literals(args[0]):
                 messages.append(Message("XX000", literal, f"{rel}:{line}"))
     return messages, problems
 

@@ -2,10 +2,10 @@
 //! events of one claim or renewal (the step begins, the registry answers or the request
 //! fails, the claim file is written) and returns what to do: [`Effect`]s, and what comes
 //! next, typed per event ([`Begin`], [`AfterReply`], a wait after [`Holder::on_recorded`]),
-//! so that no caller handles a case its event cannot produce. It reads no clock, draws no random bytes and does no I/O: the worker
-//! (`src/fleet/mod.rs`) passes the time and a fresh token in, sends the requests, and
-//! applies the effects to shared memory, files and the log; the simulator
-//! (`crate::sim`) drives the same code in virtual time, under faults.
+//! so that no caller handles a case its event cannot produce. It reads no clock, draws no
+//! random bytes and does no I/O: the worker (`src/fleet/mod.rs`) passes the time and a
+//! fresh token in, sends the requests, and applies the effects to shared memory, files and
+//! the log; the simulator (`crate::sim`) drives the same code in virtual time, under faults.
 //!
 //! One step, as the worker runs it:
 //! 1. [`Holder::begin`]: a fence that has run out ends the claim; the tokens for the request

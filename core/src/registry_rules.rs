@@ -4,9 +4,9 @@
 //! of the Redis keys), asks here, and writes the result only if what it read is unchanged
 //! (the coordinator's row locks, etcd's compare-and-swap, a Redis script that compares the
 //! id's claim and, for a claim, the datacenter's version); the claim simulator's registry
-//! asks the same
-//! functions. What stays in each store is how it keeps and reads its records, its clock, and
-//! when it began (the settle, [`crate::claim::ClaimTiming::settle_wait_ms`] from its birth).
+//! asks the same functions. What stays in each store is how it keeps and reads its records,
+//! its clock, and when it began (the settle, [`crate::claim::ClaimTiming::settle_wait_ms`]
+//! from its birth).
 
 use crate::claim::{self, ClaimChoice, Granted};
 use crate::protocol::{ClaimReply, ClaimRequest, RenewReply};

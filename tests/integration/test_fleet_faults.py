@@ -455,11 +455,10 @@ class CoordinatorRestoredFromDump(FleetFaultBase):
         wr_o = self.writer(o)
         wr_o.running(200)
         dump = os.path.join(k.dir, "registry.dump")
-        tools = dict(host="127.0.0.1", port=str(k.port))
 
         def pg_tool(name, *args):
-            subprocess.run(["runuser", "-u", "postgres", "--", f"{k.bin}/{name}", "-h", tools["host"],
-                            "-p", tools["port"], "-U", "postgres", *args], check=True, capture_output=True)
+            subprocess.run(["runuser", "-u", "postgres", "--", f"{k.bin}/{name}", "-h", "127.0.0.1",
+                            "-p", str(k.port), "-U", "postgres", *args], check=True, capture_output=True)
         pg_tool("pg_dump", "-Fc", "-f", dump, "registry")
         dumped_expiry = k.sql("SELECT expires_unix_ms FROM snowflake_claims WHERE datacenter_id = %s "
                               "AND worker_id = %s", (DC, w), dbname="registry")[0][0]
