@@ -72,6 +72,10 @@ log "The pure core: cargo clippy and cargo test (no PostgreSQL needed)"
 cargo clippy -p snowflake-core --all-targets -- -D warnings
 cargo test -p snowflake-core
 
+log "The registry clients: cargo clippy, and their tests against a real Redis and etcd"
+cargo clippy -p snowflake-registry --all-targets -- -D warnings
+SNOWFLAKE_REQUIRE_REGISTRIES=1 cargo test -p snowflake-registry
+
 log "Released SQL scripts"
 "$REPO_ROOT/scripts/check-released.sh"
 

@@ -8,7 +8,6 @@
 //! The worker starts when recovery has finished: a standby does not claim; it claims when it
 //! is promoted.
 
-pub(crate) mod registry;
 mod runner;
 
 use std::sync::OnceLock;
@@ -18,6 +17,7 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
+use snowflake_registry as registry;
 
 use crate::generation::lease;
 use crate::generation::shmem::{self, Node};

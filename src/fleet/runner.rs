@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys;
 
-use super::registry::{
-    self, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError, RenewReply,
-};
 use snowflake_core::claim::RequestTokens;
+use snowflake_registry::{
+    self as registry, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError,
+    RenewReply,
+};
 
 /// How often the worker's thread looks at the SIGTERM flag and the postmaster while it
 /// waits for a reply: the bound on how late it answers them.

@@ -82,6 +82,7 @@ pub(crate) fn rows() -> Result<Vec<OriginRow>, SnowflakeError> {
 /// # Safety
 /// Inside a transaction.
 unsafe fn trusted_table() -> Option<pg_sys::Oid> {
+    // SAFETY: inside a transaction (this function's contract), where catalog lookups may run.
     unsafe {
         let extension = pg_sys::get_extension_oid(EXTENSION.as_ptr(), true);
         if extension == pg_sys::InvalidOid {
@@ -109,6 +110,8 @@ unsafe fn trusted_table() -> Option<pg_sys::Oid> {
 /// # Safety
 /// Inside a transaction.
 unsafe fn extension_schema(extension: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    // SAFETY: inside a transaction (this function's contract); the scan's tuples are read
+    // only while `scan` holds them.
     unsafe {
         // pg_extension holds a row per installed extension: a scan is a handful of rows.
         scan(pg_sys::ExtensionRelationId, |tuple, _| {
@@ -133,6 +136,8 @@ unsafe fn scan<B>(
     relid: pg_sys::Oid,
     mut visit: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc) -> ControlFlow<B>,
 ) -> Option<B> {
+    // SAFETY: inside a transaction (this function's contract): the table is opened, scanned
+    // and closed here, and `visit` sees each tuple only while the scan holds it.
     unsafe {
         let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
@@ -168,6 +173,7 @@ unsafe fn scan<B>(
 /// # Safety
 /// Inside a transaction.
 unsafe fn column(relid: pg_sys::Oid, name: &CStr) -> Result<i32, SnowflakeError> {
+    // SAFETY: inside a transaction (this function's contract), where catalog lookups may run.
     unsafe {
         let attnum = pg_sys::get_attnum(relid, name.as_ptr());
         let name = name.to_string_lossy();

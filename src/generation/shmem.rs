@@ -138,15 +138,19 @@ pub struct Counters {
 unsafe impl PGRXSharedMemory for Counters {}
 
 /// The generator. Hold it only for a clock read and the state machine's arithmetic.
+// SAFETY: a name of its own; pgrx allocates the lock in `_PG_init` (`pg_shmem_init!`).
 pub static GENERATOR: PgLwLock<SharedGenerator> = unsafe { PgLwLock::new(c"snowflake_generator") };
 
 /// Durable state. May be held across file and WAL writes. Lock order: DURABLE, then GENERATOR.
+// SAFETY: a name of its own; pgrx allocates the lock in `_PG_init` (`pg_shmem_init!`).
 pub static DURABLE: PgLwLock<SharedDurable> = unsafe { PgLwLock::new(c"snowflake_durable") };
 
 /// The claim's state, written by the registry worker. Never held with another lock.
+// SAFETY: a name of its own; pgrx allocates the lock in `_PG_init` (`pg_shmem_init!`).
 pub static CLAIM: PgLwLock<SharedClaim> = unsafe { PgLwLock::new(c"snowflake_claim") };
 
 /// Lock-free counters.
+// SAFETY: a name of its own; pgrx allocates it in `_PG_init` (`pg_shmem_init!`).
 pub static COUNTERS: PgAtomic<Counters> = unsafe { PgAtomic::new(c"snowflake_counters") };
 
 /// Set in `_PG_init` when loading from `shared_preload_libraries`; inherited by every

@@ -281,6 +281,8 @@ fn in_standby_mode() -> bool {
 /// # Safety
 /// `record` is a valid reader state positioned on one of our records.
 unsafe fn record_payload<'a>(record: *mut pg_sys::XLogReaderState) -> (u8, &'a [u8]) {
+    // SAFETY: `record` is a valid reader state on one of our records (this function's
+    // contract): its decoded record and main data live as long as the redo call.
     unsafe {
         let decoded = (*record).record;
         let info = (*decoded).header.xl_info & !XLR_INFO_MASK;

@@ -55,6 +55,7 @@ pub struct PreparedState {
 unsafe impl PGRXSharedMemory for PreparedState {}
 
 /// Serializes the prepared-transaction file's readers and writers.
+// SAFETY: a name of its own; pgrx allocates the lock in `_PG_init` (`pg_shmem_init!`).
 static PREPARED: PgLwLock<PreparedState> = unsafe { PgLwLock::new(c"snowflake_prepared") };
 
 /// Requests the slots and the lock, and registers the transaction callback. Call only while

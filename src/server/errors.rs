@@ -639,7 +639,7 @@ pub fn claim_setup(what: &str) -> SnowflakeError {
 /// (a URI it refuses, a password file or CA file it cannot use): the worker then reports
 /// `refused` until the server restarts, and without this line the cause was only in the
 /// DETAIL of a session's error (issue 38's second walkthrough). `why` has no secret (the
-/// clients' errors are filtered: `fleet::registry::open`).
+/// clients' errors are filtered: `snowflake_registry::open`).
 pub fn registry_unusable(registry: &str, why: &str) -> SnowflakeError {
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -917,7 +917,7 @@ pub fn text(err: TextError) -> SnowflakeError {
 /// A registry request failed, with a cause other than the last one logged: logged once per
 /// change of cause, so that a refused coordinator (its tables owned by another role) or an
 /// unreachable registry shows in the server log, not only in callers' DETAIL. `why` has no
-/// secret (the clients' errors are filtered; see `fleet::registry::open`).
+/// secret (the clients' errors are filtered; see `snowflake_registry::open`).
 pub fn registry_request_failed(registry: &str, why: &str) -> SnowflakeError {
     SnowflakeError::new(
         PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,

@@ -331,6 +331,8 @@ fn placeholder_value(name: &CStr) -> Option<String> {
     (!value.is_null())
         // SAFETY: GetConfigOption returns a NUL-terminated string owned by the GUC system.
         .then(|| {
+            // SAFETY: GetConfigOption returned a NUL-terminated string (not NULL: checked)
+            // owned by the GUC system, copied here before anything can change it.
             unsafe { CStr::from_ptr(value) }
                 .to_string_lossy()
                 .into_owned()
@@ -450,12 +452,14 @@ pub fn rmgr_id() -> u8 {
 
 #[cfg(any(feature = "pg13", feature = "pg14"))]
 unsafe fn reserve_prefix() {
+    // SAFETY: a static NUL-terminated prefix; called from `_PG_init` only.
     unsafe { pg_sys::EmitWarningsOnPlaceholders(c"snowflake".as_ptr()) }
 }
 
 /// Warns about misspelt `snowflake.*` settings and refuses new ones in sessions.
 #[cfg(not(any(feature = "pg13", feature = "pg14")))]
 unsafe fn reserve_prefix() {
+    // SAFETY: a static NUL-terminated prefix; called from `_PG_init` only.
     unsafe { pg_sys::MarkGUCPrefixReserved(c"snowflake".as_ptr()) }
 }
 

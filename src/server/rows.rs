@@ -333,6 +333,7 @@ unsafe impl SqlTranslatable for Int8Array {
 unsafe impl BoxRet for Int8Array {
     unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
         assert_eq!(self.filled, self.len, "batch not filled");
+        // SAFETY: `array` is a complete int8[] in the caller's memory context (filled: checked).
         unsafe { fcinfo.return_raw_datum(pg_sys::Datum::from(self.array)) }
     }
 }

@@ -3,9 +3,10 @@
 //! changed since), a PostgreSQL coordinator (`postgres.rs`, through the `postgres` crate, one
 //! transaction per step, committed synchronously) and etcd (`etcd.rs`, through
 //! `etcd-client`: leases for claims, compare-and-swap transactions for every step). All three
-//! decide by the same rules, [`snowflake_core::registry_rules`]. No pgrx
-//! here: only the registry worker's request thread calls this (see `runner.rs`), never a
-//! backend and never the postmaster. Each client bounds a request in time and in bytes
+//! decide by the same rules, [`snowflake_core::registry_rules`]. This crate
+//! has no pgrx among its dependencies and no `unsafe`, by the compiler: only the extension's
+//! registry worker, on its request thread, calls it (`src/fleet/runner.rs`), never a backend
+//! and never the postmaster. Each client bounds a request in time and in bytes
 //! (docs/registries.md, "Bounds"): the coordinator through a counting socket (`postgres.rs`),
 //! Redis and Sentinel through their own connection (`resp.rs`), etcd through tokio's
 //! timeouts and tonic's 4 MiB message limit.
@@ -31,6 +32,8 @@
 //! Every request carries the holder's clock at its send; the registry writes nothing for a
 //! request whose clock is ahead of its own by more than the allowed skew, or that arrives
 //! too late to be inside the fence it would renew ([`ClaimTiming::request_age`]).
+
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 
@@ -74,12 +77,12 @@ pub type Result<T> = std::result::Result<T, RegistryError>;
 pub use snowflake_core::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
 
 /// A new registry's id: the first 16 hex digits of the random token the request writes.
-pub(crate) fn new_registry_id(tokens: &RequestTokens) -> u64 {
+fn new_registry_id(tokens: &RequestTokens) -> u64 {
     parse_registry_id(&tokens.write).unwrap_or(0)
 }
 
 /// A registry id from its first 16 hex digits (None: not hex).
-pub(crate) fn parse_registry_id(text: &str) -> Option<u64> {
+fn parse_registry_id(text: &str) -> Option<u64> {
     u64::from_str_radix(text.get(..16)?, 16).ok()
 }
 
@@ -204,8 +207,7 @@ pub(crate) fn read_private_file(path: &str, root_may_share_with_group: bool) -> 
             "password file \"{path}\" is not a regular file"
         )));
     }
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     snowflake_core::secrets::private_file_allowed(
         meta.uid(),
         euid,

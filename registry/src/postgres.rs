@@ -283,13 +283,14 @@ impl AsyncRead for Bounded {
                 "the coordinator sent more than {MAX_REPLY_BYTES} bytes for one request"
             ))));
         }
-        let mut limited = buf.take(left);
+        // The read goes into the initialized front of the unfilled part, at most `left`
+        // bytes, so that no `unsafe` is needed to mark what it filled (zeroing a few
+        // kilobytes costs nothing next to a network round trip).
+        let room = left.min(buf.remaining());
+        let mut limited = ReadBuf::new(buf.initialize_unfilled_to(room));
         match Pin::new(&mut this.inner).poll_read(cx, &mut limited) {
             Poll::Ready(Ok(())) => {
                 let n = limited.filled().len();
-                // SAFETY: the read initialized and filled these `n` bytes of `buf`'s
-                // unfilled part (as tokio's own `Take` does).
-                unsafe { buf.assume_init(n) };
                 buf.advance(n);
                 this.budget.left.fetch_sub(n, Ordering::Relaxed);
                 Poll::Ready(Ok(()))
@@ -622,20 +623,10 @@ impl PgRegistry {
     }
 }
 
-/// The kernel's bound on unacknowledged data (as libpq's `tcp_user_timeout`).
+/// The kernel's bound on unacknowledged data (as libpq's `tcp_user_timeout`). A failure
+/// leaves the request's own deadline as the only bound, as before the option existed.
 fn set_tcp_user_timeout(stream: &tokio::net::TcpStream, timeout: Duration) {
-    use std::os::fd::AsRawFd;
-    let ms = libc::c_uint::try_from(timeout.as_millis()).unwrap_or(libc::c_uint::MAX);
-    // SAFETY: a valid socket and a pointer to a c_uint of the size given.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            (&ms as *const libc::c_uint).cast(),
-            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
-        );
-    }
+    let _ = socket2::SockRef::from(stream).set_tcp_user_timeout(Some(timeout));
 }
 
 /// What [`check_objects`] found missing.
