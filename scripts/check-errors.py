@@ -22,6 +22,12 @@ pgrx constants and the PL/pgSQL condition names.
 Settings: every `snowflake.*` setting defined in src/server/gucs.rs must have a row in the
 settings table of docs/configuration.md, and every row there must name a defined setting.
 
+Doors: errors leave through one door. Only the SQL-facing functions (src/functions/),
+`_PG_init` (src/lib.rs), the registry worker (src/fleet/mod.rs) and the entry points
+PostgreSQL calls (an `extern "C-unwind" fn`: WAL redo, the transaction callback; a datum
+conversion: `from_polymorphic_datum`, `box_into`) may raise (`.raise(`, `.or_raise(`,
+`pgrx::error!`, `ereport!`); everything below them returns a `Result`.
+
 Usage: /usr/bin/python3 scripts/check-errors.py [--root DIR] [--list]
 `--list` prints the catalogue read from the code (SQLSTATE, message) and exits.
 On failure, prints one line per problem and exits 1. Python 3.11 standard library only.
@@ -316,6 +322,37 @@ def check_settings(root: Path) -> list[str]:
     return problems
 
 
+RAISING = re.compile(r"\.(?:or_)?raise\(|\bpgrx::error!\(|\berror!\(|\bereport!\(")
+FN_SIGNATURE = re.compile(r"^[ \t]*(?:pub(?:\([a-z]+\))?\s+)?(?:unsafe\s+)?(extern\s+\"C(?:-unwind)?\"\s+)?fn\s+(\w+)", re.M)
+DOOR_FILES = ("src/functions/", "src/lib.rs", "src/fleet/mod.rs")
+DOOR_FUNCTIONS = {"from_polymorphic_datum", "box_into"}
+
+
+def check_doors(root: Path) -> list[str]:
+    """Raising sites outside the doors (see the module's text)."""
+    problems = []
+    for path in sorted((root / "src").rglob("*.rs")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "src/server/errors.rs" or rel.startswith(DOOR_FILES):
+            continue
+        body = path.read_text()
+        signatures = list(FN_SIGNATURE.finditer(body))
+        for m in RAISING.finditer(body):
+            line_start = body.rfind("\n", 0, m.start()) + 1
+            if body[line_start:m.start()].lstrip().startswith("//"):
+                continue
+            enclosing = [f for f in signatures if f.start() < m.start()]
+            if enclosing and (enclosing[-1].group(1) or enclosing[-1].group(2) in DOOR_FUNCTIONS):
+                continue
+            name = enclosing[-1].group(2) if enclosing else "?"
+            line = body.count("\n", 0, m.start()) + 1
+            problems.append(
+                f"{rel}:{line}: `{name}` raises, but only the SQL functions and PostgreSQL's "
+                "entry points may: return the error instead (errors::Result)"
+            )
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent))
@@ -343,13 +380,15 @@ def main() -> int:
                 f"{m.where}: {m.sqlstate} `{m.template}` has no row in docs/errors.md"
             )
     problems += check_settings(root)
+    problems += check_doors(root)
     if problems:
         for p in problems:
             print(p)
         return 1
     print(
         f"check-errors: {len(seen)} messages documented in docs/errors.md "
-        f"({len(catalogue)} raising sites), settings match docs/configuration.md"
+        f"({len(catalogue)} raising sites), settings match docs/configuration.md, "
+        "errors leave only through the SQL functions and PostgreSQL's entry points"
     )
     return 0
 

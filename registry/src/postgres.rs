@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use postgres_protocol::escape::escape_identifier;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 use tokio_postgres::tls::MakeTlsConnect;
@@ -195,11 +196,6 @@ UPDATE {s}.snowflake_claims SET holder = NULL, expires_unix_ms = NULL, ttl_ms = 
 WHERE datacenter_id OPERATOR(pg_catalog.=) $1::integer AND worker_id OPERATOR(pg_catalog.=) $2::integer \
   AND holder OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[])";
 
-/// `name` quoted as an SQL identifier.
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 /// The statements of this client, with the schema filled in.
 struct Statements {
     /// The schema's name, for the statements that take it as a parameter.
@@ -219,7 +215,7 @@ struct Statements {
 
 impl Statements {
     fn new(schema: &str) -> Self {
-        let s = quote_ident(schema);
+        let s = escape_identifier(schema);
         let f = |sql: &str| sql.replace("{s}", &s);
         Statements {
             schema: schema.to_string(),
@@ -591,7 +587,7 @@ impl PgRegistry {
                 let ddl = if missing == Missing::Schema {
                     format!(
                         "CREATE SCHEMA {};\n{}",
-                        quote_ident(&self.schema),
+                        escape_identifier(&self.schema),
                         self.sql.ddl
                     )
                 } else {

@@ -1,5 +1,7 @@
 //! The SQL-facing functions: argument checks, then one call into the module that does the
-//! work (`driver` issues, `decode` decodes, `stats` reports). Each is annotated for what it
+//! work (`driver` issues, `decode` decodes, `stats` reports). This is where errors leave:
+//! the modules below return them, and each function here raises them as itself
+//! ([`OrRaise::or_raise`]). Each is annotated for what it
 //! is: the generating ones VOLATILE, the decoding ones IMMUTABLE STRICT (they depend only on
 //! the ID and the epoch, fixed since server start), all PARALLEL SAFE. Text arguments and
 //! results are [`DbText`]: converted from and to the database encoding.
@@ -10,9 +12,10 @@ use pgrx::prelude::*;
 use crate::functions::decode;
 use crate::functions::stats;
 use crate::generation::driver;
+use crate::generation::lease;
 use crate::generation::watermark;
 use crate::server::dbtext::DbText;
-use crate::server::errors;
+use crate::server::errors::{self, OrRaise};
 use crate::server::rows::{cell, parts_row, result_row, timestamptz, unix_ms_of, Int8Array};
 use snowflake_core::foreign::{ForeignLayout, ForeignParts, LAYOUT_NAMES};
 use snowflake_core::layout;
@@ -31,7 +34,9 @@ extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
 /// are as unique as any other (nothing is cached per backend, unlike `nextval()`).
 #[pg_extern(volatile, parallel_safe)]
 fn snowflake_next() -> i64 {
-    driver::next_id("snowflake_next")
+    const NAME: &str = "snowflake_next";
+    let config = lease::generation_config(NAME).or_raise(NAME);
+    driver::next_id(&config).or_raise(NAME)
 }
 
 /// Largest `n` for `snowflake_next_batch(n)`.
@@ -47,8 +52,9 @@ fn snowflake_next_batch(n: i32, fcinfo: pg_sys::FunctionCallInfo) -> Int8Array {
     if !(1..=MAX_BATCH).contains(&n) {
         errors::bad_count("batch size", n, MAX_BATCH).raise(NAME);
     }
-    let mut ids = Int8Array::for_call(fcinfo, NAME, n as usize);
-    driver::fill_batch(NAME, &mut ids);
+    let mut ids = Int8Array::for_call(fcinfo, NAME, n as usize).or_raise(NAME);
+    let config = lease::generation_config(NAME).or_raise(NAME);
+    driver::fill_batch(&config, &mut ids).or_raise(NAME);
     ids
 }
 
@@ -62,7 +68,8 @@ fn snowflake_next_block(n: i32) -> i64 {
     if !(1..=max).contains(&n) {
         errors::bad_count("block size", n, max).raise(NAME);
     }
-    driver::next_block(NAME, n as u16)
+    let config = lease::generation_config(NAME).or_raise(NAME);
+    driver::next_block(&config, n as u16).or_raise(NAME)
 }
 
 /// The commit-order watermark: no transaction still in flight on this server (including
@@ -74,7 +81,9 @@ fn snowflake_next_block(n: i32) -> i64 {
 /// prepared-transaction file (dropping ended transactions), which a worker should not do.
 #[pg_extern(volatile, parallel_restricted)]
 fn snowflake_safe_upto() -> i64 {
-    watermark::safe_upto("snowflake_safe_upto")
+    const NAME: &str = "snowflake_safe_upto";
+    lease::generation_config(NAME).or_raise(NAME);
+    watermark::safe_upto().or_raise(NAME)
 }
 
 /// Splits an ID into its time, datacenter, worker and sequence.
@@ -84,7 +93,7 @@ fn snowflake_decode(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> composite_type!('static, "snowflake_parts") {
     const NAME: &str = "snowflake_decode";
-    let (parts, unix_ms) = decode::decoded(id, NAME);
+    let (parts, unix_ms) = decode::decoded(id).or_raise(NAME);
     parts_row(
         fcinfo,
         NAME,
@@ -95,6 +104,7 @@ fn snowflake_decode(
             sequence: i32::from(parts.sequence),
         },
     )
+    .or_raise(NAME)
 }
 
 /// Decodes an ID made by another generator: `twitter`, `discord`, `instagram`, `sonyflake`,
@@ -110,10 +120,8 @@ fn snowflake_decode_layout(
     let Some(known) = ForeignLayout::from_name(layout.as_str()) else {
         errors::unknown_layout(layout.as_str(), &LAYOUT_NAMES).raise(NAME)
     };
-    let parts = known
-        .decode(id)
-        .unwrap_or_else(|e| errors::layout(e).raise(NAME));
-    parts_row(fcinfo, NAME, &parts)
+    let parts = known.decode(id).map_err(errors::layout).or_raise(NAME);
+    parts_row(fcinfo, NAME, &parts).or_raise(NAME)
 }
 
 /// The ID's 8 bytes (big-endian) and 64 bits as text, with its decoded fields.
@@ -123,20 +131,21 @@ fn snowflake_melt(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> composite_type!('static, "snowflake_melted") {
     const NAME: &str = "snowflake_melt";
-    let (parts, unix_ms) = decode::decoded(id, NAME);
+    let (parts, unix_ms) = decode::decoded(id).or_raise(NAME);
     result_row(
         fcinfo,
         NAME,
         [
             cell("bytes", id.to_be_bytes().to_vec()),
             cell("bits", format!("{id:064b}")),
-            cell("ts", timestamptz(unix_ms)),
+            cell("ts", timestamptz(unix_ms).or_raise(NAME)),
             cell("unix_ms", unix_ms),
             cell("datacenter_id", i32::from(parts.datacenter_id)),
             cell("worker_id", i32::from(parts.worker_id)),
             cell("sequence", i32::from(parts.sequence)),
         ],
     )
+    .or_raise(NAME)
 }
 
 /// A business serial (payment or order number): `prefix`, the ID's UTC time as
@@ -145,9 +154,10 @@ fn snowflake_melt(
 #[pg_extern(immutable, strict, parallel_safe)]
 fn snowflake_serial(prefix: DbText, id: i64) -> DbText {
     const NAME: &str = "snowflake_serial";
-    let epoch = decode::epoch().unwrap_or_else(|e| e.raise(NAME));
-    let serial =
-        text::to_serial(prefix.as_str(), id, epoch).unwrap_or_else(|e| errors::text(e).raise(NAME));
+    let epoch = decode::epoch().or_raise(NAME);
+    let serial = text::to_serial(prefix.as_str(), id, epoch)
+        .map_err(errors::text)
+        .or_raise(NAME);
     DbText(serial)
 }
 
@@ -156,22 +166,27 @@ fn snowflake_serial(prefix: DbText, id: i64) -> DbText {
 #[pg_extern(immutable, strict, parallel_safe)]
 fn snowflake_serial_id(serial: DbText) -> i64 {
     const NAME: &str = "snowflake_serial_id";
-    let epoch = decode::epoch().unwrap_or_else(|e| e.raise(NAME));
-    text::from_serial(serial.as_str(), epoch).unwrap_or_else(|e| errors::text(e).raise(NAME))
+    let epoch = decode::epoch().or_raise(NAME);
+    text::from_serial(serial.as_str(), epoch)
+        .map_err(errors::text)
+        .or_raise(NAME)
 }
 
 /// The ID as 13 characters of Crockford base32, upper case and zero-padded, so that text
 /// order (C collation) is numeric order. Does not depend on any setting.
 #[pg_extern(immutable, strict, parallel_safe)]
 fn snowflake_to_base32(id: i64) -> String {
-    text::to_base32(id).unwrap_or_else(|e| errors::text(e).raise("snowflake_to_base32"))
+    text::to_base32(id)
+        .map_err(errors::text)
+        .or_raise("snowflake_to_base32")
 }
 
 /// The ID of 13 characters of Crockford base32, in either case (I and L read as 1, O as 0).
 #[pg_extern(immutable, strict, parallel_safe)]
 fn snowflake_from_base32(text: DbText) -> i64 {
     text::from_base32(text.as_str())
-        .unwrap_or_else(|e| errors::text(e).raise("snowflake_from_base32"))
+        .map_err(errors::text)
+        .or_raise("snowflake_from_base32")
 }
 
 /// The decoded parts as JSON, with the ID as a string (JavaScript numbers lose precision
@@ -190,7 +205,7 @@ struct Formatted {
 /// "worker_id": …, "sequence": …}`.
 #[pg_extern(immutable, strict, parallel_safe)]
 fn snowflake_format(id: i64) -> pgrx::JsonB {
-    let (parts, unix_ms) = decode::decoded(id, "snowflake_format");
+    let (parts, unix_ms) = decode::decoded(id).or_raise("snowflake_format");
     let formatted = Formatted {
         id: id.to_string(),
         ts: format_rfc3339(unix_ms),
@@ -205,8 +220,9 @@ fn snowflake_format(id: i64) -> pgrx::JsonB {
 /// The time an ID was generated (millisecond precision).
 #[pg_extern(immutable, strict, parallel_safe)]
 fn snowflake_to_timestamp(id: i64) -> TimestampWithTimeZone {
-    let (_, unix_ms) = decode::decoded(id, "snowflake_to_timestamp");
-    timestamptz(unix_ms)
+    const NAME: &str = "snowflake_to_timestamp";
+    let (_, unix_ms) = decode::decoded(id).or_raise(NAME);
+    timestamptz(unix_ms).or_raise(NAME)
 }
 
 /// The smallest ID of the millisecond containing `ts` (datacenter, worker and sequence 0),
@@ -217,10 +233,11 @@ fn snowflake_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
     if !ts.is_finite() {
         errors::infinite_timestamp().raise(NAME);
     }
-    let epoch = decode::epoch().unwrap_or_else(|e| e.raise(NAME));
+    let epoch = decode::epoch().or_raise(NAME);
     epoch
         .first_id_at(unix_ms_of(ts))
-        .unwrap_or_else(|e| errors::layout(e).raise(NAME))
+        .map_err(errors::layout)
+        .or_raise(NAME)
 }
 
 /// The generator's configuration, position and counters, for monitoring. Works on a hot
@@ -231,5 +248,6 @@ fn snowflake_from_timestamp(ts: TimestampWithTimeZone) -> i64 {
 fn snowflake_stats(
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> composite_type!('static, "snowflake_stats_row") {
-    stats::row(fcinfo)
+    const NAME: &str = "snowflake_stats";
+    stats::row(fcinfo, NAME).or_raise(NAME)
 }

@@ -38,8 +38,9 @@ pub(crate) fn epoch() -> errors::Result<Epoch> {
     Ok(epoch)
 }
 
-pub(crate) fn decoded(id: i64, function: &'static str) -> (Parts, i64) {
-    let epoch = epoch().unwrap_or_else(|e| e.raise(function));
-    let parts = layout::unpack(id).unwrap_or_else(|e| errors::layout(e).raise(function));
-    (parts, epoch.to_unix(parts.timestamp).0)
+/// The ID's fields and its Unix time (ms), by this backend's epoch.
+pub(crate) fn decoded(id: i64) -> errors::Result<(Parts, i64)> {
+    let epoch = epoch()?;
+    let parts = layout::unpack(id).map_err(errors::layout)?;
+    Ok((parts, epoch.to_unix(parts.timestamp).0))
 }

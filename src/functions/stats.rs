@@ -17,10 +17,12 @@ use snowflake_core::settings::WorkerId;
 
 /// The `snowflake_stats_row` of `snowflake_stats()`: configuration, position and counters,
 /// read from shared memory (and, before the first ID or on a standby, the state file).
-pub(crate) fn row(fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, AllocatedByRust> {
-    const NAME: &str = "snowflake_stats";
+pub(crate) fn row(
+    fcinfo: pg_sys::FunctionCallInfo,
+    function: &'static str,
+) -> errors::Result<PgHeapTuple<'static, AllocatedByRust>> {
     if !shmem::is_available() {
-        errors::not_preloaded(NAME).raise(NAME);
+        return Err(errors::not_preloaded(function));
     }
     let config = gucs::config().and_then(Result::ok);
     let epoch = config
@@ -52,13 +54,16 @@ pub(crate) fn row(fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, Allo
     let cells = [
         cell("worker_id", worker_id),
         cell("datacenter_id", config.map(|c| i32::from(c.datacenter_id))),
-        cell("epoch", epoch.map(|e| timestamptz(e.unix_ms()))),
-        cell("last_issued", last_issued_ms.map(timestamptz)),
+        cell(
+            "epoch",
+            epoch.map(|e| timestamptz(e.unix_ms())).transpose()?,
+        ),
+        cell("last_issued", last_issued_ms.map(timestamptz).transpose()?),
         cell(
             "drift_ms",
             last_issued_ms.map(|ms| (ms - now).max(0)).unwrap_or(0),
         ),
-        cell("lease_end", lease_end_ms.map(timestamptz)),
+        cell("lease_end", lease_end_ms.map(timestamptz).transpose()?),
         cell("ids_issued", as_i64(events.issued)),
         cell("sequence_exhaustions", as_i64(events.exhaustions)),
         cell("clock_steps_back", as_i64(events.steps_back)),
@@ -74,8 +79,9 @@ pub(crate) fn row(fcinfo: pg_sys::FunctionCallInfo) -> PgHeapTuple<'static, Allo
         cell(
             "claim_expires_at",
             (auto && claim.status == ClaimStatus::Held && claim.expires_unix_ms > 0)
-                .then(|| timestamptz(claim.expires_unix_ms)),
+                .then(|| timestamptz(claim.expires_unix_ms))
+                .transpose()?,
         ),
     ];
-    result_row(fcinfo, NAME, cells)
+    result_row(fcinfo, function, cells)
 }

@@ -3,6 +3,10 @@
 //! generator needs first (the clock to reach a millisecond, a longer durable lease, the
 //! synchronous standbys' confirmation) is done between attempts with no lock held, and
 //! interrupts are serviced there.
+//!
+//! Nothing here raises: every path returns its error to the SQL function that called it
+//! (`functions::api`), which raises it. The configuration comes from that function too,
+//! checked there (`lease::generation_config`), since its errors name the function.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,27 +27,25 @@ use snowflake_core::settings::{check_epoch_at, Config};
 
 /// The next ID (`snowflake_next()`): unique among all backends of this server, and greater
 /// than every ID this server issued before it, including before a restart or crash.
-pub(crate) fn next_id(function: &'static str) -> i64 {
-    let (node, run) = drive_one(function, |g, wall, policy| g.next(wall, policy));
-    id_of(node, &run, 0)
+pub(crate) fn next_id(config: &Config) -> errors::Result<i64> {
+    let (node, run) = drive_one(config, |g, wall, policy| g.next(wall, policy))?;
+    Ok(id_of(node, &run, 0))
 }
 
 /// The first of `n` (1 ..= 4,096) contiguous reserved IDs in one millisecond
 /// (`snowflake_next_block()`).
-pub(crate) fn next_block(function: &'static str, n: u16) -> i64 {
-    let (node, block) = drive_one(function, |g, wall, policy| {
-        g.next_run(wall, policy, n, true)
-    });
-    id_of(node, &block, 0)
+pub(crate) fn next_block(config: &Config, n: u16) -> errors::Result<i64> {
+    let (node, block) = drive_one(config, |g, wall, policy| g.next_run(wall, policy, n, true))?;
+    Ok(id_of(node, &block, 0))
 }
 
 /// Fills `ids` with strictly increasing IDs (`snowflake_next_batch()`), written straight
 /// into the result array: runs of up to 4,096 per millisecond, one run per hold of the
 /// generator's lock, so other sessions get IDs in between and a cancel is serviced between
 /// runs, with nothing left to build after the last millisecond.
-pub(crate) fn fill_batch(function: &'static str, ids: &mut Int8Array) {
+pub(crate) fn fill_batch(config: &Config, ids: &mut Int8Array) -> errors::Result<()> {
     let bulk = ids.remaining() > 4096;
-    drive(function, bulk, |g, wall, policy, node| {
+    drive(config, bulk, |g, wall, policy, node| {
         let want = ids.remaining().min(4096) as u16;
         let run = match issued(g.next_run(wall, policy, want, false)?) {
             Ok(run) => run,
@@ -53,11 +55,11 @@ pub(crate) fn fill_batch(function: &'static str, ids: &mut Int8Array) {
             ids.push(id_of(node, &run, k));
         }
         Ok(if ids.remaining() > 0 {
-            Took::Some
+            Took::Part
         } else {
             Took::All
         })
-    });
+    })
 }
 
 /// What one attempt under the generator's lock asks the caller to do next.
@@ -74,14 +76,16 @@ enum Pending {
     Fail(GenerateError),
     /// Give up: the wall clock is outside the epoch's 41-bit range.
     OutsideEpoch,
+    /// Give up: this process has no watermark slot (a bug).
+    NoWatermarkSlot,
 }
 
 /// What `take` did with the generator in one attempt.
 enum Took {
     /// Everything wanted is issued.
     All,
-    /// Some is issued; call again (after the lock was released).
-    Some,
+    /// Part is issued; call again (after the lock was released).
+    Part,
     /// Nothing more now: the generator asks for this first.
     Wait(Need),
 }
@@ -126,11 +130,13 @@ fn attempt(
     }
     let now = server::now_unix_ms();
     let node = shared.node;
-    watermark::hold(&shared.generator, node);
+    if !watermark::hold(&shared.generator, node) {
+        return (Pending::NoWatermarkSlot, None);
+    }
     let pending = match config.epoch.timestamp_of(UnixMs(now)) {
         Ok(wall) => match take(&mut shared.generator, wall, node) {
             Ok(Took::All) => Pending::Done,
-            Ok(Took::Some) => Pending::More,
+            Ok(Took::Part) => Pending::More,
             Ok(Took::Wait(next)) => Pending::Act(next),
             Err(e) => Pending::Fail(e),
         },
@@ -177,15 +183,14 @@ fn attempt(
 
 /// Runs `take` under the generator's lock until it has issued everything it wants (it
 /// returns `Took::All`). Between attempts, with no lock held, services interrupts, waits for
-/// the clock or the standbys, or extends the durable lease, as asked; raises the errors.
+/// the clock or the standbys, or extends the durable lease, as asked; returns the errors.
 /// `bulk`: the call asked for more than one millisecond's worth of IDs, so exhausted
 /// milliseconds are expected and not warned about.
 fn drive(
-    function: &'static str,
+    config: &Config,
     bulk: bool,
     mut take: impl FnMut(&mut Generator, EpochMs, ClockPolicy, Node) -> Result<Took, GenerateError>,
-) {
-    let config = lease::generation_config(function).unwrap_or_else(|e| e.raise(function));
+) -> errors::Result<()> {
     let policy = gucs::clock_policy();
     let random_start = gucs::random_sequence_start();
     // With a random start, each attempt draws where a new millisecond would begin.
@@ -202,12 +207,12 @@ fn drive(
     };
     let mut renewals = 0;
     loop {
-        let (pending, warning) = attempt(&config, policy, bulk, &mut take);
+        let (pending, warning) = attempt(config, policy, bulk, &mut take);
         if let Some(w) = warning {
-            w.report(function);
+            w.report();
         }
-        let step = match pending {
-            Pending::Done => return,
+        match pending {
+            Pending::Done => return Ok(()),
             Pending::More => {
                 renewals = 0;
                 Ok(())
@@ -223,14 +228,13 @@ fn drive(
                         .get()
                         .last_renewal_ms
                         .load(Ordering::Relaxed);
-                    Err(errors::renewals_too_slow(
+                    return Err(errors::renewals_too_slow(
                         renewals - 1,
                         last,
                         gucs::lease_window_ms(),
-                    ))
-                } else {
-                    lease::renew(&config, timestamp)
+                    ));
                 }
+                lease::renew(config, timestamp)
             }
             Pending::Act(Need::Clock { wall_ms }) => wait_for_clock(config.epoch, wall_ms),
             Pending::Fail(e) => Err(errors::generate(e, config.epoch)),
@@ -240,32 +244,31 @@ fn drive(
                     Ok(()) => errors::clock_stalled(0),
                 })
             }
-        };
-        step.unwrap_or_else(|e| e.raise(function));
+            Pending::NoWatermarkSlot => Err(SnowflakeError::internal(
+                "snowflake: this process has no watermark slot".into(),
+            )),
+        }?;
         pgrx::check_for_interrupts!();
     }
 }
 
-/// Runs `step` through `drive` until it issues one run, and returns that run with the
+/// Runs `next` through `drive` until it issues one run, and returns that run with the
 /// pair it was issued under.
 fn drive_one(
-    function: &'static str,
-    mut step: impl FnMut(&mut Generator, EpochMs, ClockPolicy) -> Result<Next, GenerateError>,
-) -> (Node, Issued) {
+    config: &Config,
+    mut next: impl FnMut(&mut Generator, EpochMs, ClockPolicy) -> Result<Next, GenerateError>,
+) -> errors::Result<(Node, Issued)> {
     let mut one = None;
-    drive(function, false, |g, wall, policy, node| {
-        match issued(step(g, wall, policy)?) {
+    drive(config, false, |g, wall, policy, node| {
+        match issued(next(g, wall, policy)?) {
             Ok(run) => {
                 one = Some((node, run));
                 Ok(Took::All)
             }
             Err(need) => Ok(Took::Wait(need)),
         }
-    });
-    match one {
-        Some(one) => one,
-        None => SnowflakeError::internal("no ID was issued".into()).raise(function),
-    }
+    })?;
+    one.ok_or_else(|| SnowflakeError::internal("no ID was issued".into()))
 }
 
 /// The ID of an issued run's `offset`-th member.

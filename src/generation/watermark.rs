@@ -20,11 +20,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
 
-use crate::generation::lease;
 use crate::generation::shmem;
 use crate::generation::wal;
 use crate::server;
-use crate::server::errors;
+use crate::server::errors::{self, OrRaise};
 use snowflake_core::generator::Generator;
 use snowflake_core::watermark::{self as holds, PreparedHold, PreparedHolds};
 
@@ -160,21 +159,17 @@ fn decode(slot: u64) -> Option<i64> {
 
 /// Called under the generator's lock before an issuing attempt: the first time in a
 /// transaction, stores a lower bound of every ID it is about to be given. One flag test
-/// otherwise.
+/// otherwise. False: this process has no slot (a bug; the caller issues nothing).
 #[inline]
-pub(crate) fn hold(generator: &Generator, node: shmem::Node) {
-    if HOLDING.load(Ordering::Relaxed) {
-        return;
-    }
-    hold_first(generator, node);
+pub(crate) fn hold(generator: &Generator, node: shmem::Node) -> bool {
+    HOLDING.load(Ordering::Relaxed) || hold_first(generator, node)
 }
 
 #[cold]
-fn hold_first(generator: &Generator, node: shmem::Node) {
+fn hold_first(generator: &Generator, node: shmem::Node) -> bool {
     let bound = encode(generator.next_id_floor(node.datacenter_id, node.worker_id));
     let Some(slot) = own_slot() else {
-        errors::SnowflakeError::internal("snowflake: this process has no watermark slot".into())
-            .raise("snowflake_next");
+        return false;
     };
     // A parallel worker may share the slot with its leader: keep the smaller bound.
     let mut current = slot.load(Ordering::Relaxed);
@@ -185,6 +180,7 @@ fn hold_first(generator: &Generator, node: shmem::Node) {
         }
     }
     HOLDING.store(true, Ordering::Relaxed);
+    true
 }
 
 /// Transaction ends: clear the slot (its commit is already visible at COMMIT), and keep a
@@ -203,7 +199,7 @@ unsafe extern "C-unwind" fn on_xact_event(
     match event {
         XACT_EVENT_PRE_PREPARE => {
             if let Some(bound) = own_slot().and_then(|s| decode(s.load(Ordering::Acquire))) {
-                keep_prepared(bound);
+                keep_prepared(bound).or_raise("PREPARE TRANSACTION");
             }
         }
         XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE => {
@@ -227,15 +223,16 @@ unsafe extern "C-unwind" fn on_xact_event(
 /// WAL record, both before the PREPARE is written (a standby that replays the PREPARE has
 /// replayed the hold). File before WAL, as for the lease: a base backup whose start
 /// checkpoint comes after the record copies a file that has the hold.
-fn keep_prepared(bound: i64) {
+fn keep_prepared(bound: i64) -> errors::Result<()> {
     // SAFETY: inside a transaction that is being prepared; assigns its xid if it had none.
     let full_xid = unsafe { pg_sys::GetTopFullTransactionId().value };
     let hold = PreparedHold {
         full_xid,
         min_id: bound,
     };
-    add_hold(hold).unwrap_or_else(|e| e.raise("PREPARE TRANSACTION"));
+    add_hold(hold)?;
     wal::log_prepared_hold(&hold);
+    Ok(())
 }
 
 /// Adds a replayed hold to the file (WAL redo: standby, or crash recovery).
@@ -338,9 +335,9 @@ fn prepared_min() -> errors::Result<Option<i64>> {
     Ok(file.min_id())
 }
 
-/// `snowflake_safe_upto()`.
-pub(crate) fn safe_upto(function: &'static str) -> i64 {
-    lease::generation_config(function).unwrap_or_else(|e| e.raise(function));
+/// `snowflake_safe_upto()`, once the caller checked the configuration
+/// (`lease::generation_config`).
+pub(crate) fn safe_upto() -> errors::Result<i64> {
     let bound = {
         let shared = shmem::GENERATOR.share();
         shared
@@ -351,6 +348,6 @@ pub(crate) fn safe_upto(function: &'static str) -> i64 {
         .iter()
         .filter_map(|s| decode(s.load(Ordering::Acquire)))
         .min();
-    let prepared = prepared_min().unwrap_or_else(|e| e.raise(function));
-    held.into_iter().chain(prepared).fold(bound, i64::min)
+    let prepared = prepared_min()?;
+    Ok(held.into_iter().chain(prepared).fold(bound, i64::min))
 }

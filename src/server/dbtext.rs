@@ -17,6 +17,8 @@ use pgrx::pgrx_sql_entity_graph::metadata::{
 };
 use pgrx::prelude::*;
 
+use crate::server::errors::{self, OrRaise};
+
 /// A `text` argument or result, as UTF-8 in Rust and in the database encoding in SQL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbText(pub String);
@@ -42,7 +44,8 @@ impl FromDatum for DbText {
         unsafe {
             let varlena = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
             let bytes = pgrx::varlena::varlena_to_byte_slice(varlena);
-            Some(DbText(server_to_utf8(bytes)))
+            // A datum conversion is a door out (nothing below it can be given the error).
+            Some(DbText(server_to_utf8(bytes).or_raise("snowflake")))
         }
     }
 }
@@ -51,9 +54,9 @@ impl FromDatum for DbText {
 ///
 /// # Safety
 /// In a backend, inside a transaction or function call.
-unsafe fn server_to_utf8(bytes: &[u8]) -> String {
+unsafe fn server_to_utf8(bytes: &[u8]) -> errors::Result<String> {
     if bytes.is_empty() {
-        return String::new();
+        return Ok(String::new());
     }
     // SAFETY: pg_server_to_any validates and converts; it raises an ERROR on failure.
     let converted = unsafe {
@@ -63,13 +66,13 @@ unsafe fn server_to_utf8(bytes: &[u8]) -> String {
             pg_sys::pg_enc::PG_UTF8 as i32,
         );
         if out.cast_const().cast::<u8>() == bytes.as_ptr() {
-            copy_or_out_of_memory(bytes)
+            copy_or_out_of_memory(bytes)?
         } else {
-            copy_or_out_of_memory(std::ffi::CStr::from_ptr(out).to_bytes())
+            copy_or_out_of_memory(std::ffi::CStr::from_ptr(out).to_bytes())?
         }
     };
     match String::from_utf8(converted) {
-        Ok(text) => text,
+        Ok(text) => Ok(text),
         // Only a UTF-8 database hands bytes over unchecked, and it has validated them.
         Err(e) => invalid_utf8(e.as_bytes()),
     }
@@ -80,13 +83,13 @@ unsafe fn server_to_utf8(bytes: &[u8]) -> String {
 /// The size is the caller's (a `text` argument can hold up to 1 GB), and a failed Rust
 /// allocation aborts the process, which makes the postmaster restart the whole server: a
 /// fallible reservation turns it into the error PostgreSQL's own palloc would raise.
-pub fn copy_or_out_of_memory(bytes: &[u8]) -> Vec<u8> {
+pub fn copy_or_out_of_memory(bytes: &[u8]) -> errors::Result<Vec<u8>> {
     let mut copy = Vec::new();
     if copy.try_reserve_exact(bytes.len()).is_err() {
-        crate::server::errors::out_of_memory(bytes.len()).raise("snowflake");
+        return Err(errors::out_of_memory(bytes.len()));
     }
     copy.extend_from_slice(bytes);
-    copy
+    Ok(copy)
 }
 
 /// Raises PostgreSQL's own 22021 for bytes that are not UTF-8.

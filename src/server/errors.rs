@@ -82,6 +82,26 @@ impl SnowflakeError {
 /// Shorthand for fallible steps inside the SQL functions.
 pub type Result<T> = std::result::Result<T, SnowflakeError>;
 
+/// Raising a result's error: the one door out. Only the SQL-facing functions
+/// (`src/functions/`) and the entry points PostgreSQL calls (`_PG_init`, the registry
+/// worker, WAL redo, the transaction callback, datum conversions) raise; everything below
+/// them returns a [`Result`]. `scripts/check-errors.py` (run by the test command) refuses a
+/// raise anywhere else.
+pub trait OrRaise<T> {
+    /// The value, or the error raised as the function `function` (`ereport(ERROR)`).
+    fn or_raise(self, function: &'static str) -> T;
+}
+
+impl<T> OrRaise<T> for Result<T> {
+    #[inline]
+    fn or_raise(self, function: &'static str) -> T {
+        match self {
+            Ok(value) => value,
+            Err(e) => e.raise(function),
+        }
+    }
+}
+
 fn ms(unix_ms: i64) -> String {
     format!("{} ({unix_ms} ms)", format_unix_ms(unix_ms))
 }
@@ -592,8 +612,8 @@ pub struct ClockWarning {
 }
 
 impl ClockWarning {
-    /// Emits the WARNING (to the client and the server log).
-    pub fn report(self, function: &'static str) {
+    /// Emits the WARNING (to the client and the server log). Not an error: the call goes on.
+    pub fn report(self) {
         let steps = self.now.steps_back - self.since.steps_back;
         let exhaustions = self.now.exhaustions - self.since.exhaustions;
         let message = if steps > 0 {
@@ -618,7 +638,7 @@ impl ClockWarning {
         } else {
             "No ID was or will be duplicated: IDs continue in the following milliseconds. One server issues at most 4,096 IDs per millisecond."
         };
-        ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, function)
+        ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, "snowflake")
             .set_detail(detail)
             .set_hint(hint)
             .report(PgLogLevel::WARNING);

@@ -21,15 +21,14 @@ use snowflake_core::layout::UnixMs;
 const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
 
 /// A Unix millisecond as `timestamptz`.
-pub(crate) fn timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
+pub(crate) fn timestamptz(unix_ms: i64) -> errors::Result<TimestampWithTimeZone> {
     let micros = (unix_ms - PG_EPOCH_UNIX_MS) * 1_000;
     // Every epoch is at most year 9999 and 41 bits add ~70 years: always in range.
-    TimestampWithTimeZone::try_from(micros).unwrap_or_else(|_| {
+    TimestampWithTimeZone::try_from(micros).map_err(|_| {
         errors::layout(snowflake_core::layout::LayoutError::AfterRange {
             unix_ms,
             last_ms: unix_ms,
         })
-        .raise("snowflake_decode")
     })
 }
 
@@ -126,8 +125,8 @@ pub(crate) fn result_row<const N: usize>(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
     cells: [Cell; N],
-) -> PgHeapTuple<'static, AllocatedByRust> {
-    let (tupdesc, identifier) = result_tupdesc(fcinfo, function);
+) -> errors::Result<PgHeapTuple<'static, AllocatedByRust>> {
+    let (tupdesc, identifier) = result_tupdesc(fcinfo, function)?;
     // SAFETY: these functions are not set-returning, so nothing else uses their fn_extra;
     // it lives in the call site's memory context.
     let mut checked = unsafe {
@@ -137,7 +136,7 @@ pub(crate) fn result_row<const N: usize>(
         })
     };
     if identifier == 0 || checked.identifier != identifier {
-        checked.live = shape_of(&tupdesc, function, &cells);
+        checked.live = shape_of(&tupdesc, function, &cells)?;
         checked.identifier = identifier;
     }
     let mut datums: Vec<Option<pg_sys::Datum>> = vec![None; tupdesc.len()];
@@ -147,16 +146,16 @@ pub(crate) fn result_row<const N: usize>(
     // SAFETY: every live attribute of this version of the type has been checked to have the
     // exact type of the datum placed in it; dropped attributes are NULL.
     unsafe { PgHeapTuple::from_datums(tupdesc, datums) }
-        .unwrap_or_else(|e| SnowflakeError::internal(format!("{e}")).raise(function))
+        .map_err(|e| SnowflakeError::internal(format!("{e}")))
 }
 
-/// Where each cell goes in the type's current descriptor; raises 42804 if the type no
-/// longer has exactly these attributes.
+/// Where each cell goes in the type's current descriptor; 42804 if the type no longer has
+/// exactly these attributes.
 fn shape_of<const N: usize>(
     tupdesc: &PgTupleDesc<'_>,
     function: &'static str,
     cells: &[Cell; N],
-) -> [usize; N] {
+) -> errors::Result<[usize; N]> {
     let attributes: Vec<Attribute> = tupdesc
         .iter()
         .map(|a| Attribute {
@@ -166,8 +165,7 @@ fn shape_of<const N: usize>(
         })
         .collect();
     let expected = cells.each_ref().map(|c| (c.name, c.type_oid.to_u32()));
-    placement(&attributes, &expected)
-        .unwrap_or_else(|m| altered(tupdesc.oid(), function, &m).raise(function))
+    placement(&attributes, &expected).map_err(|m| altered(tupdesc.oid(), function, &m))
 }
 
 /// The tuple descriptor of the function's declared result type, looked up from the call
@@ -178,24 +176,22 @@ fn shape_of<const N: usize>(
 fn result_tupdesc(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
-) -> (PgTupleDesc<'static>, u64) {
+) -> errors::Result<(PgTupleDesc<'static>, u64)> {
     let mut type_oid = pg_sys::InvalidOid;
     // SAFETY: fcinfo is the live call's; a NULL tupdesc output is allowed.
     let class =
         unsafe { pg_sys::get_call_result_type(fcinfo, &mut type_oid, std::ptr::null_mut()) };
-    let not_composite = || {
-        errors::wrong_result_type(function, &type_name(type_oid), "a composite type")
-            .raise(function)
-    };
+    let not_composite =
+        || errors::wrong_result_type(function, &type_name(type_oid), "a composite type");
     if class != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE {
-        not_composite();
+        return Err(not_composite());
     }
     // SAFETY: type_oid is a composite type (checked above); the entry is never freed.
     let identifier = unsafe {
         (*pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_TUPDESC as i32)).tupDesc_identifier
     };
-    let tupdesc = PgTupleDesc::for_composite_type_by_oid(type_oid).unwrap_or_else(not_composite);
-    (tupdesc, identifier)
+    let tupdesc = PgTupleDesc::for_composite_type_by_oid(type_oid).ok_or_else(not_composite)?;
+    Ok((tupdesc, identifier))
 }
 
 /// Refuses a call whose function is declared with another result type than `expected`
@@ -205,23 +201,27 @@ fn check_result_type(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
     expected: pg_sys::Oid,
-) {
+) -> errors::Result<()> {
     // SAFETY: fcinfo belongs to the live call.
     if unsafe { (*fcinfo).flinfo.is_null() } {
-        return; // a direct call from C, with no declaration to check
+        return Ok(()); // a direct call from C, with no declaration to check
     }
     // SAFETY: not a set-returning function, so nothing else uses its fn_extra.
     let mut checked = unsafe { pgrx::pg_func_extra(fcinfo, || false) };
     if *checked {
-        return;
+        return Ok(());
     }
     // SAFETY: fcinfo and its flinfo belong to the live call.
     let declared = unsafe { pg_sys::get_func_rettype((*(*fcinfo).flinfo).fn_oid) };
     if declared != expected {
-        errors::wrong_result_type(function, &type_name(declared), &type_name(expected))
-            .raise(function);
+        return Err(errors::wrong_result_type(
+            function,
+            &type_name(declared),
+            &type_name(expected),
+        ));
     }
     *checked = true;
+    Ok(())
 }
 
 /// The type's name as PostgreSQL prints it (schema-qualified when not visible).
@@ -277,8 +277,8 @@ impl Int8Array {
         fcinfo: pg_sys::FunctionCallInfo,
         function: &'static str,
         len: usize,
-    ) -> Int8Array {
-        check_result_type(fcinfo, function, pg_sys::INT8ARRAYOID);
+    ) -> errors::Result<Int8Array> {
+        check_result_type(fcinfo, function, pg_sys::INT8ARRAYOID)?;
         let bytes = Self::HEADER + len * 8;
         // SAFETY: a fresh palloc of the exact size, header written field by field as
         // PostgreSQL's construct_md_array does for a 1-D array without NULLs.
@@ -294,11 +294,11 @@ impl Int8Array {
             let dims = array.cast::<u8>().add(16).cast::<i32>();
             dims.write(len as i32);
             dims.add(1).write(1);
-            Int8Array {
+            Ok(Int8Array {
                 array,
                 len,
                 filled: 0,
-            }
+            })
         }
     }
 
@@ -343,12 +343,12 @@ pub(crate) fn parts_row(
     fcinfo: pg_sys::FunctionCallInfo,
     function: &'static str,
     parts: &ForeignParts,
-) -> PgHeapTuple<'static, AllocatedByRust> {
+) -> errors::Result<PgHeapTuple<'static, AllocatedByRust>> {
     result_row(
         fcinfo,
         function,
         [
-            cell("ts", timestamptz(parts.unix_ms)),
+            cell("ts", timestamptz(parts.unix_ms)?),
             cell("unix_ms", parts.unix_ms),
             cell("datacenter_id", parts.datacenter_id),
             cell("worker_id", parts.worker_id),
