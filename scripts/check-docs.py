@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check the links of the project's Markdown documentation, without the network.
 
-Checks README.md, CHANGELOG.md and every docs/**/*.md:
+Checks README.md, CHANGELOG.md, CONTRIBUTING.md and every docs/**/*.md:
 
 * every relative link (`[text](target)`, `![alt](target)`, `[text][ref]` with its
   `[ref]: target` definition, `<a href="...">`, `<img src="...">`) names a file or directory
@@ -417,8 +417,13 @@ class Checker:
 
 
 def markdown_files(root: Path) -> list[Path]:
-    """The files checked: README.md, CHANGELOG.md and docs/**/*.md, those that exist."""
-    files = [root / name for name in ("README.md", "CHANGELOG.md") if (root / name).is_file()]
+    """The files checked: README.md, CHANGELOG.md, CONTRIBUTING.md and docs/**/*.md, those
+    that exist."""
+    files = [
+        root / name
+        for name in ("README.md", "CHANGELOG.md", "CONTRIBUTING.md")
+        if (root / name).is_file()
+    ]
     docs = root / "docs"
     if docs.is_dir():
         files += sorted(p for p in docs.rglob("*.md") if p.is_file())
