@@ -61,18 +61,18 @@ fn quiet_rust_backtraces() {
 /// problem shows in the server log before the first `snowflake_next()` call.
 fn warn_about_settings() {
     if let Some(rejected) = gucs::rejected_at_start() {
-        errors::setting(&rejected).warn();
+        errors::setting(&rejected).into_warning().write();
     }
     if gucs::registry().is_some_and(|uri| snowflake_core::secrets::holds_password(&uri)) {
-        errors::registry_password_in_setting().warn();
+        errors::registry_password_in_setting().write();
     }
     match gucs::config() {
         None => {}
-        Some(Err(e)) => errors::setting(&e).warn(),
+        Some(Err(e)) => errors::setting(&e).into_warning().write(),
         Some(Ok(config)) => {
             if let settings::WorkerId::Fixed(worker_id) = config.worker_id {
                 if gucs::registry().is_some() {
-                    errors::registry_unused(worker_id).warn();
+                    errors::registry_unused(worker_id).write();
                 }
             }
         }

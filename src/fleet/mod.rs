@@ -49,7 +49,7 @@ pub fn register(config: &Config) {
     }
     let Some(hex) = random_hex() else {
         // Without randomness there is no token to tell this server from a clone: claim nothing.
-        errors::claim_setup("could not read random bytes for the claim token").warn();
+        errors::claim_setup("could not read random bytes for the claim token").write();
         return;
     };
     let _ = TOKEN.set(hex);
@@ -113,7 +113,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         Ok(client) => client,
         Err(e) => {
             report(&config, ClaimStatus::Refused, 0, &e.0, 0);
-            errors::registry_unusable(&worker.holder.settings().uri, &e.0).warn();
+            errors::registry_unusable(&worker.holder.settings().uri, &e.0).write();
             while BackgroundWorker::wait_latch(None) {}
             exit_for_restart();
             return;
@@ -248,7 +248,7 @@ impl Worker {
                     stop_generator();
                 }
                 Effect::Fenced { worker_id, why } => {
-                    errors::claim_fenced(datacenter_id, worker_id, &uri, &why).log()
+                    errors::claim_fenced(datacenter_id, worker_id, &uri, &why).write()
                 }
                 Effect::RaiseFloor(floor_unix_ms) => self.raise_floor(floor_unix_ms),
                 Effect::Install { worker_id, fence } => self.install(worker_id, fence),
@@ -261,7 +261,8 @@ impl Worker {
                         client.release(datacenter_id, worker_id, &tokens, released_unix_ms)
                     {
                         let ttl_ms = self.holder.settings().timing.ttl_ms();
-                        errors::release_failed(datacenter_id, worker_id, &uri, &e.0, ttl_ms).warn();
+                        errors::release_failed(datacenter_id, worker_id, &uri, &e.0, ttl_ms)
+                            .write();
                     }
                 }
                 Effect::Report {
@@ -274,14 +275,14 @@ impl Worker {
                 Effect::RequestFailed(why) => {
                     // Not at shutdown, when requests are cut short on purpose.
                     if !runner::stop_requested() {
-                        errors::registry_request_failed(&uri, &why).log();
+                        errors::registry_request_failed(&uri, &why).write();
                     }
                 }
                 Effect::Claimed {
                     worker_id,
                     own,
                     floor_unix_ms,
-                } => errors::claimed(datacenter_id, worker_id, &uri, own, floor_unix_ms).log(),
+                } => errors::claimed(datacenter_id, worker_id, &uri, own, floor_unix_ms).write(),
                 Effect::MarkAhead {
                     worker_id,
                     floor_unix_ms,
@@ -295,13 +296,13 @@ impl Worker {
                     ahead_ms,
                     usable_ms,
                 )
-                .warn(),
+                .write(),
                 Effect::RegistryClockJumped {
                     before_ms,
                     after_ms,
                     allowed_ms,
-                } => errors::registry_clock_jumped(&uri, before_ms, after_ms, allowed_ms).warn(),
-                Effect::ClaimFileFailed(why) => errors::claim_setup(&why).warn(),
+                } => errors::registry_clock_jumped(&uri, before_ms, after_ms, allowed_ms).write(),
+                Effect::ClaimFileFailed(why) => errors::claim_setup(&why).write(),
                 Effect::RememberFleetTtl(longest_claim_ttl_ms) => {
                     let value = durable::FleetTtl {
                         longest_claim_ttl_ms,
@@ -309,7 +310,7 @@ impl Worker {
                     // Its loss costs only the memory: a WARNING, and the claims go on.
                     if let Err(e) = durable::write_fleet_ttl(&data_dir(), &value) {
                         let why = format!("could not write {}: {e}", durable::FLEET_TTL_FILE);
-                        errors::claim_setup(&why).warn();
+                        errors::claim_setup(&why).write();
                     }
                 }
             }
@@ -325,7 +326,7 @@ impl Worker {
             Err(e) if !self.token_file_failed => {
                 self.token_file_failed = true;
                 errors::claim_setup(&format!("could not write {}: {e}", durable::TOKEN_FILE))
-                    .warn();
+                    .write();
             }
             Err(_) => {}
         }

@@ -116,7 +116,7 @@ fn ensure_loaded(config: &Config) -> errors::Result<()> {
                     skipped,
                 },
             ) => {
-                errors::promoted_resume(&plan, now, lead_ms, margin_ms, skipped).log();
+                errors::promoted_resume(&plan, now, lead_ms, margin_ms, skipped).write();
                 (floor, plan.resumed(config.epoch, now))
             }
             _ => (floor, plan.resumed(config.epoch, now)),
@@ -345,7 +345,7 @@ fn adopt_origins(config: &Config) -> errors::Result<()> {
             write_lease(&mut durable_state, config, floor, now)?;
         }
         // One resume point covers every cluster taken over now: one LOG line, one write.
-        errors::adopted_origins(first, new.len(), floor_unix_ms, reach).log();
+        errors::adopted_origins(first, new.len(), floor_unix_ms, reach).write();
         let origins = origins.with_all(new.into_iter().map(|system_identifier| AdoptedOrigin {
             system_identifier,
             adopted_unix_ms: now,
