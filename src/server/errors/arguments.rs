@@ -1,4 +1,5 @@
-//! What SQL callers pass and get back: counts, layouts, timestamps, text forms, result types, retired functions, allocations a caller sizes.
+//! What SQL callers pass and get back: counts, layouts, timestamps, text forms, result
+//! types, retired functions, allocations a caller sizes.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! The files in the data directory (state, origins, prepared holds), WAL replay of them, and the LOG lines of a resume after a promotion and of adopted origins.
+//! The files in the data directory (state, origins, prepared holds), WAL replay of them,
+//! and the LOG lines of a resume after a promotion and of adopted origins.
 
 use super::*;
 

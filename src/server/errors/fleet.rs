@@ -1,4 +1,5 @@
-//! Worker ids from a registry (`snowflake.worker_id = 'auto'`): the claim a caller waits for, and the registry worker's WARNING and LOG lines.
+//! Worker ids from a registry (`snowflake.worker_id = 'auto'`): the claim a caller waits
+//! for, and the registry worker's WARNING and LOG lines.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Preload, settings, the epoch and the recorded layout: what `_PG_init` and the first call of a backend check.
+//! Preload, settings, the epoch and the recorded layout: what `_PG_init` and the first call
+//! of a backend check.
 
 use super::*;
 
