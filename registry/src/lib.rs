@@ -1,7 +1,7 @@
 //! The registry clients, one file each behind [`Registry`]: Redis, alone or behind Sentinel
 //! (`redis.rs`, through the `redis` crate: a Lua script reads, another writes only if nothing
 //! changed since), a PostgreSQL coordinator (`postgres.rs`, through the `postgres` crate, one
-//! transaction per step, committed synchronously) and etcd (`etcd.rs`, through
+//! transaction per step, committed synchronously) and etcd (`etcd/`, through
 //! `etcd-client`: leases for claims, compare-and-swap transactions for every step). All three
 //! decide by the same rules, [`snowflake_core::registry_rules`]. This crate
 //! has no pgrx among its dependencies and no `unsafe`, by the compiler: only the extension's

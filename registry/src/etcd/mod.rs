@@ -28,24 +28,27 @@
 //! One member is used at a time; any failed or timed-out request moves to the next, so a
 //! dead or frozen member costs one request. Requests need a leader (`require_leader`): a
 //! member cut off from the majority refuses at once instead of serving old data.
+//!
+//! By concern: `members.rs` (one member at a time, failover, the private runtime),
+//! `clock.rs` (the `Date` header), `snapshot.rs` (one read of a datacenter's keys),
+//! `lease.rs` (etcd leases); here, the steps and what they decide and write.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+mod clock;
+mod lease;
+mod members;
+mod snapshot;
+
 use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, OpenSslClientConfig, PutOptions, Txn,
-    TxnOp, TxnOpResponse,
-};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use super::{
-    new_registry_id, wall_ms, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError,
+use crate::{
+    new_registry_id, ClaimReply, ClaimRequest, Observed, Options, Registry, RegistryError,
     RenewReply, Result,
 };
-use snowflake_core::claim::{ClockSample, RequestAge, RequestTokens};
-use snowflake_core::kvclaims::{
-    lease_seconds, parse_http_date, FleetRecord, Marks, HTTP_DATE_RESOLUTION_MS,
-};
+use snapshot::Snapshot;
+use snowflake_core::claim::{RequestAge, RequestTokens};
+use snowflake_core::kvclaims::{FleetRecord, Marks, HTTP_DATE_RESOLUTION_MS};
 use snowflake_core::registry_rules::{self, ClaimDecision, LiveClaim};
 use snowflake_core::registry_uri::parse_multi_host;
 
@@ -69,64 +72,6 @@ pub struct EtcdRegistry {
     /// This client's last write of an id's marks: (datacenter, worker, revision). See
     /// [`EtcdRegistry::own_write_lost`].
     last_write: Option<(u8, u8, i64)>,
-}
-
-/// One consistent read of the datacenter's keys.
-struct Snapshot {
-    fleet: Option<(FleetRecord, i64)>,
-    /// (worker, token, lease, mod revision).
-    claims: Vec<(u8, String, i64, i64)>,
-    /// (worker, marks, mod revision).
-    marks: Vec<(u8, Marks, i64)>,
-}
-
-impl Snapshot {
-    fn claim(&self, w: u8) -> Option<&(u8, String, i64, i64)> {
-        self.claims.iter().find(|c| c.0 == w)
-    }
-
-    fn marks(&self, w: u8) -> (Marks, i64) {
-        self.marks
-            .iter()
-            .find(|m| m.0 == w)
-            .map_or((Marks::default(), 0), |m| (m.1, m.2))
-    }
-}
-
-/// The registry's clock for one step.
-#[derive(Clone, Copy)]
-struct Clock {
-    sample: ClockSample,
-    /// When the sample's reading arrived (for `Observed::sample_age_ms`).
-    received_at: std::time::Instant,
-    /// The start of the second the `Date` header named (Unix ms).
-    date_unix_ms: i64,
-}
-
-impl Clock {
-    /// The registry's clock at its earliest (settling is measured from it: never too short).
-    fn earliest(&self) -> i64 {
-        self.date_unix_ms
-    }
-
-    /// The registry's clock at its latest (a new incarnation is born then).
-    fn latest(&self) -> i64 {
-        self.date_unix_ms + HTTP_DATE_RESOLUTION_MS
-    }
-
-    /// Judges a request's age on the safe side of the second: it is "ahead" only if ahead of
-    /// the latest reading, "stale" only if stale at the earliest.
-    fn request_age(&self, request: &ClaimRequest) -> RequestAge {
-        let timing = request.timing();
-        match (
-            timing.request_age(request.sent_unix_ms, self.latest()),
-            timing.request_age(request.sent_unix_ms, self.earliest()),
-        ) {
-            (RequestAge::Ahead, _) => RequestAge::Ahead,
-            (_, RequestAge::Stale) => RequestAge::Stale,
-            _ => RequestAge::Fresh,
-        }
-    }
 }
 
 /// What a step found before it acts.
@@ -230,259 +175,6 @@ impl EtcdRegistry {
             Some((dc, w, revision)) if dc == datacenter_id => snapshot.marks(w).1 < revision,
             _ => false,
         }
-    }
-
-    fn endpoint(&self) -> &str {
-        &self.endpoints[self.current % self.endpoints.len()]
-    }
-
-    fn key(&self, kind: &str, dc: u8, w: Option<u8>) -> String {
-        match w {
-            Some(w) => format!("{}/{kind}/{dc}/{w}", self.prefix),
-            None => format!("{}/{kind}/{dc}/", self.prefix),
-        }
-    }
-
-    fn fleet_key(&self) -> String {
-        format!("{}/fleet", self.prefix)
-    }
-
-    /// Runs `f` with a connected client, bounded by the timeout. After any failure the
-    /// connection is dropped and the next member is used.
-    fn call<T>(
-        &mut self,
-        f: impl for<'c> FnOnce(
-            &'c mut Client,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = std::result::Result<T, etcd_client::Error>> + 'c>,
-        >,
-    ) -> Result<T> {
-        let result = (|| {
-            if self.client.is_none() {
-                let scheme = if self.tls.is_some() { "https" } else { "http" };
-                let url = format!("{scheme}://{}", self.endpoint());
-                let mut options = ConnectOptions::new()
-                    .with_timeout(self.timeout)
-                    .with_connect_timeout(self.timeout)
-                    .with_require_leader(true);
-                if let Some(pem) = &self.ca_pem {
-                    // The CA file is the whole trust set, every certificate of it, as for
-                    // etcdctl --cacert: ca_cert_pem would add only its first certificate,
-                    // and to the system's CAs, which SslConnector::builder loads.
-                    let pem = pem.clone();
-                    options = options.with_openssl_tls(OpenSslClientConfig::default().manually(
-                        move |builder| {
-                            let mut store = openssl::x509::store::X509StoreBuilder::new()?;
-                            for cert in openssl::x509::X509::stack_from_pem(&pem)? {
-                                store.add_cert(cert)?;
-                            }
-                            builder.set_verify_cert_store(store.build())
-                        },
-                    ));
-                }
-                if let Some((user, password)) = &self.credentials {
-                    options = options.with_user(user.clone(), password.clone());
-                }
-                let connect = Client::connect([url], Some(options));
-                let client = self
-                    .runtime
-                    .block_on(async { tokio::time::timeout(self.timeout, connect).await })
-                    .map_err(|_| self.timed_out())?
-                    .map_err(|e| self.failed(e))?;
-                self.client = Some(client);
-            }
-            let timeout = self.timeout;
-            let client = self.client.as_mut().expect("connected above");
-            let outcome = self
-                .runtime
-                .block_on(async { tokio::time::timeout(timeout, f(client)).await });
-            match outcome {
-                Err(_) => Err(self.timed_out()),
-                Ok(Err(e)) => Err(self.failed(e)),
-                Ok(Ok(v)) => Ok(v),
-            }
-        })();
-        if result.is_err() {
-            self.client = None;
-            self.current = (self.current + 1) % self.endpoints.len();
-        }
-        result
-    }
-
-    fn timed_out(&self) -> RegistryError {
-        RegistryError(format!(
-            "etcd member {} did not answer within {} ms",
-            self.endpoint(),
-            self.timeout.as_millis()
-        ))
-    }
-
-    fn failed(&self, e: etcd_client::Error) -> RegistryError {
-        RegistryError(format!("etcd member {}: {e}", self.endpoint()))
-    }
-
-    /// Reads the registry's clock: the member's HTTP `Date` header. A member that refuses,
-    /// fails or does not answer within the time limit is left for the next at once (its
-    /// gRPC connection with it), as long as the step has time left for one more: the first
-    /// request of a step finds a dead or frozen member, not a renewal. So a frozen member
-    /// costs a renewal one request's time limit (`claim_ttl / 5`): a failed step instead,
-    /// and its retry half a heartbeat later, used up the whole fence (heartbeat, time limit
-    /// and half a heartbeat are `claim_ttl / 2`).
-    fn clock(&mut self) -> Result<Clock> {
-        let began = std::time::Instant::now();
-        let mut attempts = 0;
-        let (sent, date_unix_ms) = loop {
-            let sent = wall_ms();
-            match self.read_date() {
-                Ok(date) => break (sent, date),
-                Err(e) => {
-                    self.client = None;
-                    self.current = (self.current + 1) % self.endpoints.len();
-                    attempts += 1;
-                    if attempts >= self.endpoints.len() || began.elapsed() >= self.move_on_budget()
-                    {
-                        return Err(e);
-                    }
-                }
-            }
-        };
-        let received = wall_ms();
-        Ok(Clock {
-            received_at: std::time::Instant::now(),
-            sample: ClockSample {
-                sent_unix_ms: sent,
-                received_unix_ms: received,
-                registry_unix_ms: date_unix_ms + HTTP_DATE_RESOLUTION_MS / 2,
-                registry_resolution_ms: HTTP_DATE_RESOLUTION_MS,
-            },
-            date_unix_ms,
-        })
-    }
-
-    fn read_date(&self) -> Result<i64> {
-        let endpoint = self.endpoint().to_string();
-        let host = endpoint
-            .rsplit_once(':')
-            .map_or(endpoint.as_str(), |(h, _)| h)
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let address = endpoint
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| RegistryError(format!("etcd member {endpoint}: no address")))?;
-        // Every read and write, the TLS handshake's too, ends by one deadline (a per-read
-        // timeout let a server sending a byte at a time hold the request for ever).
-        let stream = super::resp::Timed::new(
-            TcpStream::connect_timeout(&address, self.timeout)?,
-            std::time::Instant::now() + self.timeout,
-        );
-        let request = format!("GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-        let mut head = Vec::new();
-        let read_head = |s: &mut dyn ReadWrite, head: &mut Vec<u8>| -> Result<()> {
-            s.write_all(request.as_bytes())?;
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-                let n = s.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                head.extend_from_slice(&buf[..n]);
-            }
-            Ok(())
-        };
-        match &self.tls {
-            Some(connector) => {
-                let mut s = connector.connect(&host, stream).map_err(|e| {
-                    RegistryError(format!("etcd member {endpoint}: TLS handshake failed: {e}"))
-                })?;
-                read_head(&mut s, &mut head)?;
-            }
-            None => {
-                let mut s = stream;
-                read_head(&mut s, &mut head)?;
-            }
-        }
-        let text = String::from_utf8_lossy(&head);
-        text.lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.trim()
-                    .eq_ignore_ascii_case("date")
-                    .then(|| parse_http_date(value.trim()))
-                    .flatten()
-            })
-            .ok_or_else(|| {
-                RegistryError(format!(
-                    "etcd member {endpoint}: its HTTP answer carries no Date header"
-                ))
-            })
-    }
-
-    /// Reads the fleet record and the datacenter's claims and marks in one transaction.
-    fn snapshot(&mut self, dc: u8) -> Result<(Snapshot, i64)> {
-        let fleet_key = self.fleet_key();
-        let claims = self.key("claim", dc, None);
-        let marks = self.key("marks", dc, None);
-        let txn = Txn::new().and_then([
-            TxnOp::get(fleet_key, None),
-            TxnOp::get(claims.clone(), Some(GetOptions::new().with_prefix())),
-            TxnOp::get(marks.clone(), Some(GetOptions::new().with_prefix())),
-        ]);
-        let response = self.call(|c| Box::pin(c.txn(txn)))?;
-        let revision = response.header().map_or(0, |h| h.revision());
-        let mut gets = response.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(g) => g.kvs().to_vec(),
-            _ => Vec::new(),
-        });
-        let fleet_kvs = gets.next().unwrap_or_default();
-        let claim_kvs = gets.next().unwrap_or_default();
-        let mark_kvs = gets.next().unwrap_or_default();
-        let fleet = match fleet_kvs.first() {
-            None => None,
-            Some(kv) => Some((
-                serde_json::from_slice::<FleetRecord>(kv.value()).map_err(|e| {
-                    RegistryError(format!("the fleet record in etcd is not readable: {e}"))
-                })?,
-                kv.mod_revision(),
-            )),
-        };
-        let worker_of = |key: &[u8], prefix: &str| -> Option<u8> {
-            std::str::from_utf8(key)
-                .ok()?
-                .strip_prefix(prefix)?
-                .parse()
-                .ok()
-        };
-        let claims = claim_kvs
-            .iter()
-            .filter_map(|kv| {
-                Some((
-                    worker_of(kv.key(), &claims)?,
-                    String::from_utf8_lossy(kv.value()).into_owned(),
-                    kv.lease(),
-                    kv.mod_revision(),
-                ))
-            })
-            .collect();
-        let marks = mark_kvs
-            .iter()
-            .filter_map(|kv| {
-                Some((
-                    worker_of(kv.key(), &marks)?,
-                    serde_json::from_slice::<Marks>(kv.value()).ok()?,
-                    kv.mod_revision(),
-                ))
-            })
-            .collect();
-        Ok((
-            Snapshot {
-                fleet,
-                claims,
-                marks,
-            },
-            revision,
-        ))
     }
 
     /// Writes the fleet record anew (this incarnation begins at `born`), if it is still
@@ -619,43 +311,10 @@ impl EtcdRegistry {
         Ok(Some((reply, observed)))
     }
 
-    /// How long into a clock read or a step this client still moves on to the next member
-    /// after a failed request, rather than fail: one request's time limit (what a frozen
-    /// member holds a request for) and half of one more, so that the retried requests can
-    /// still end within the fence.
-    fn move_on_budget(&self) -> Duration {
-        self.timeout + self.timeout / 2
-    }
-
     fn contended(&self) -> RegistryError {
         RegistryError(format!(
             "the etcd registry's keys changed under each of {ATTEMPTS} attempts"
         ))
-    }
-
-    fn grant_lease(&mut self, ttl_ms: u64) -> Result<i64> {
-        let seconds = lease_seconds(ttl_ms);
-        let response = self.call(|c| Box::pin(c.lease_grant(seconds, None)))?;
-        Ok(response.id())
-    }
-
-    fn revoke_lease(&mut self, lease: i64) {
-        // A lease left behind expires by itself; revoking only frees the id sooner.
-        let _ = self.call(|c| Box::pin(async move { c.lease_revoke(lease).await.map(|_| ()) }));
-    }
-
-    /// Keeps `lease` alive once: false if etcd no longer has it.
-    fn keep_alive(&mut self, lease: i64) -> Result<bool> {
-        let alive = self.call(|c| {
-            Box::pin(async move {
-                match c.lease_keep_alive(lease).await {
-                    Ok(_) => Ok(true),
-                    Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
-                    Err(e) => Err(e),
-                }
-            })
-        })?;
-        Ok(alive)
     }
 
     /// Puts the claim and the marks if nothing changed since the snapshot. `claim`: the
@@ -794,10 +453,6 @@ enum HoldClaim {
     Existing { mod_revision: i64, lease: i64 },
     New { lease: i64 },
 }
-
-/// Reads and writes a byte stream (plain or TLS).
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
 
 impl Registry for EtcdRegistry {
     fn claim(&mut self, request: &ClaimRequest) -> Result<(ClaimReply, Observed)> {
