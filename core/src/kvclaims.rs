@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::settings::days_from_civil;
+use crate::civil::days_from_civil;
 
 /// The fleet's record: one key per registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -231,7 +231,7 @@ mod tests {
         #[test]
         fn http_date_round_trip(secs in 0i64..253_402_300_799) {
             let days = secs.div_euclid(86_400);
-            let (y, mo, d) = crate::settings::civil_from_days(days);
+            let (y, mo, d) = crate::civil::civil_from_days(days);
             let rem = secs.rem_euclid(86_400);
             const M: [&str; 12] = ["Jan","Feb","Mar","Apr","May","Jun","Jul","Aug","Sep","Oct","Nov","Dec"];
             let text = format!("Mon, {d:02} {} {y} {:02}:{:02}:{:02} GMT", M[(mo - 1) as usize], rem / 3600, rem / 60 % 60, rem % 60);
