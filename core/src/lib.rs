@@ -19,6 +19,9 @@
 //! - [`watermark`]: the IDs prepared transactions hold, kept for the commit-order watermark.
 //! - [`history`]: a promoted node's timeline history (the timelines before its own).
 
+// Safe Rust only: the core is pure logic, and the compiler refuses any `unsafe` here.
+#![forbid(unsafe_code)]
+
 pub mod civil;
 pub mod claim;
 pub mod durable;
