@@ -18,6 +18,7 @@
 //!
 //! At shutdown, [`Holder::release`] gives the claim back.
 
+use crate::civil::format_unix_ms;
 use crate::claim::{
     self, AfterFailure, ClaimStatus, ClaimTiming, ClaimTokens, ClockSample, Fence, Granted,
     Quarantine, RegistrySeen, RequestAge, RequestTokens, SkewTooLarge,
@@ -25,7 +26,6 @@ use crate::claim::{
 use crate::durable::LastClaim;
 use crate::layout::MAX_WORKER_ID;
 use crate::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
-use crate::settings::format_unix_ms;
 
 /// This server's clocks when an event is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::settings::days_from_civil;
-
 /// The fleet's record: one key per registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FleetRecord {
@@ -101,43 +99,19 @@ pub const HTTP_DATE_RESOLUTION_MS: i64 = 1000;
 
 /// Parses an HTTP `Date` value in the IMF-fixdate form (`Sun, 06 Nov 1994 08:49:37 GMT`,
 /// RFC 9110), the only form a server may send, into Unix ms at the start of that second.
+/// None for anything else, a date that does not exist or a wrong weekday included.
 pub fn parse_http_date(value: &str) -> Option<i64> {
-    let mut parts = value.split_whitespace();
-    let weekday = parts.next()?;
-    if !weekday.ends_with(',') || weekday.len() != 4 {
+    let value = value.trim();
+    // IMF-fixdate only (29 bytes; RFC 850 has 30 or more, asctime 24): the obsolete forms
+    // httpdate also takes are never sent, and RFC 850's two-digit year would read 2070 as 1970.
+    if value.len() != 29 {
         return None;
     }
-    let day: i64 = parts.next()?.parse().ok()?;
-    let month = match parts.next()? {
-        "Jan" => 1,
-        "Feb" => 2,
-        "Mar" => 3,
-        "Apr" => 4,
-        "May" => 5,
-        "Jun" => 6,
-        "Jul" => 7,
-        "Aug" => 8,
-        "Sep" => 9,
-        "Oct" => 10,
-        "Nov" => 11,
-        "Dec" => 12,
-        _ => return None,
-    };
-    let year: i64 = parts.next()?.parse().ok()?;
-    let mut hms = parts.next()?.split(':');
-    let mut field = |max: i64| -> Option<i64> {
-        let v: i64 = hms.next()?.parse().ok()?;
-        (0..=max).contains(&v).then_some(v)
-    };
-    let (h, m, s) = (field(23)?, field(59)?, field(60)?);
-    if parts.next()? != "GMT" || parts.next().is_some() {
-        return None;
-    }
-    if !(1..=31).contains(&day) || !(1970..=9999).contains(&year) {
-        return None;
-    }
-    let days = days_from_civil(year, month, day);
-    Some(((days * 24 + h) * 60 + m) * 60_000 + s * 1000)
+    let since_epoch = httpdate::parse_http_date(value)
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    i64::try_from(since_epoch.as_millis()).ok()
 }
 
 #[cfg(test)]
@@ -160,6 +134,10 @@ mod tests {
             "Sun, 06 Nov 1994 24:49:37 GMT",
             "Sun, 06 Nov 1994 08:49:37 GMT extra",
             "Sun, 32 Nov 1994 08:49:37 GMT",
+            // Days that do not exist, and a weekday that is not the date's.
+            "Thu, 31 Feb 1994 08:49:37 GMT",
+            "Mon, 06 Nov 1994 08:49:37 GMT",
+            "Sun,  6 Nov 1994 08:49:37 GMT",
         ] {
             assert_eq!(parse_http_date(bad), None, "{bad}");
         }
@@ -231,11 +209,20 @@ mod tests {
         #[test]
         fn http_date_round_trip(secs in 0i64..253_402_300_799) {
             let days = secs.div_euclid(86_400);
-            let (y, mo, d) = crate::settings::civil_from_days(days);
+            let (y, mo, d) = crate::civil::civil_from_days(days);
             let rem = secs.rem_euclid(86_400);
             const M: [&str; 12] = ["Jan","Feb","Mar","Apr","May","Jun","Jul","Aug","Sep","Oct","Nov","Dec"];
-            let text = format!("Mon, {d:02} {} {y} {:02}:{:02}:{:02} GMT", M[(mo - 1) as usize], rem / 3600, rem / 60 % 60, rem % 60);
+            // 1970-01-01 was a Thursday.
+            const W: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+            let text = format!("{}, {d:02} {} {y} {:02}:{:02}:{:02} GMT", W[days.rem_euclid(7) as usize], M[(mo - 1) as usize], rem / 3600, rem / 60 % 60, rem % 60);
             prop_assert_eq!(parse_http_date(&text), Some(secs * 1000));
+        }
+
+        /// No text panics the parser: a header's value is whatever a member sends.
+        #[test]
+        fn http_date_never_panics(text in ".{0,40}", fixed in "[ -~]{29}") {
+            let _ = parse_http_date(&text);
+            let _ = parse_http_date(&fixed);
         }
     }
 }

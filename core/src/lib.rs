@@ -4,6 +4,7 @@
 //!
 //! - [`layout`]: the 64-bit layout, packing and unpacking, the two kinds of milliseconds.
 //! - [`settings`]: parsing and checking the server settings into a [`settings::Config`].
+//! - [`civil`]: calendar dates: day numbers, the epoch's ISO-8601 form, message formats.
 //! - [`generator`]: the generator's state machine (clock, sequence, lease).
 //! - [`durable`]: the records that make IDs survive crashes (state file, WAL lease, layout).
 //! - [`foreign`]: decoding other generators' layouts (Discord, Instagram, Sonyflake, ...).
@@ -18,6 +19,10 @@
 //! - [`watermark`]: the IDs prepared transactions hold, kept for the commit-order watermark.
 //! - [`history`]: a promoted node's timeline history (the timelines before its own).
 
+// Safe Rust only: the core is pure logic, and the compiler refuses any `unsafe` here.
+#![forbid(unsafe_code)]
+
+pub mod civil;
 pub mod claim;
 pub mod durable;
 pub mod foreign;

@@ -353,6 +353,11 @@ mod tests {
         assert_eq!(percent_decode("%\u{e9}"), "%\u{e9}");
         assert_eq!(percent_decode("%a\u{e9}"), "%a\u{e9}");
         assert_eq!(percent_decode("%ff"), "\u{fffd}");
+        assert_eq!(percent_decode("a%2Fb"), "a/b");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+        // Only hex digits make an escape (from_str_radix took "+1" as one).
+        assert_eq!(percent_decode("%+1x"), "%+1x");
     }
 
     proptest::proptest! {

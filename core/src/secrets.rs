@@ -11,6 +11,8 @@
 //! - [`without_secrets`] removes every secret candidate from a text that may quote the URI
 //!   (a client library's error message).
 
+use crate::registry_uri::percent_decode;
+
 /// What stands in for a hidden part.
 pub const MASK: &str = "***";
 
@@ -95,7 +97,7 @@ fn secret_candidates(uri: &str) -> Vec<String> {
     for (at, _) in uri.match_indices('?') {
         for pair in uri[at + 1..].split('&') {
             if let Some((key, value)) = pair.split_once('=') {
-                if percent_decoded(key).to_ascii_lowercase().contains("pass") {
+                if percent_decode(key).to_ascii_lowercase().contains("pass") {
                     // A value ends at a fragment mark for a URL parser, or not at all.
                     raw.push(value);
                     raw.push(&value[..value.find('#').unwrap_or(value.len())]);
@@ -105,7 +107,7 @@ fn secret_candidates(uri: &str) -> Vec<String> {
     }
     let mut out: Vec<String> = Vec::new();
     for r in raw {
-        for candidate in [r.to_string(), percent_decoded(r)] {
+        for candidate in [r.to_string(), percent_decode(r)] {
             if !candidate.is_empty() && !out.contains(&candidate) {
                 out.push(candidate);
             }
@@ -117,18 +119,13 @@ fn secret_candidates(uri: &str) -> Vec<String> {
 /// Whether `part` (a user, host or path shown to users) and a secret share text: either
 /// contains the other.
 fn overlaps_secret(part: &str, secrets: &[String]) -> bool {
-    let decoded = percent_decoded(part);
+    let decoded = percent_decode(part);
     secrets.iter().any(|s| {
         s.contains(part)
             || part.contains(s.as_str())
             || s.contains(&decoded)
             || decoded.contains(s.as_str())
     })
-}
-
-/// `text` with `%XX` escapes decoded: the one decoder ([`crate::registry_uri::percent_decode`]).
-fn percent_decoded(text: &str) -> String {
-    crate::registry_uri::percent_decode(text)
 }
 
 /// Whether a file holding secrets (a registry password file) is private enough to read: owned
@@ -333,13 +330,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(percent_decoded("a%2Fb"), "a/b");
-        assert_eq!(percent_decoded("100%"), "100%");
-        assert_eq!(percent_decoded("%zz%4"), "%zz%4");
-    }
-
     proptest! {
         /// Whatever the password and however it is written, it never shows.
         /// (`&` and `=` separate query parameters, so a query value cannot hold them.)
@@ -359,7 +349,7 @@ mod tests {
             };
             let shown = redacted(&uri);
             prop_assert!(!shown.contains(&password), "{} shown as {}", uri, shown);
-            prop_assert!(!shown.contains(&percent_decoded(&password)), "{} shown as {}", uri, shown);
+            prop_assert!(!shown.contains(&percent_decode(&password)), "{} shown as {}", uri, shown);
             let message = format!("error for {uri}: {password}");
             prop_assert!(!without_secrets(&message, &uri).contains(&password));
         }

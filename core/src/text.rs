@@ -3,10 +3,10 @@
 //! Both forms are fixed width and zero-padded, so that text order (C collation) is numeric
 //! order, and both parse back to exactly the ID they came from.
 
+use crate::civil::{civil_from_days, days_from_civil, days_in_month};
 use crate::layout::{
     pack, unpack, Epoch, LayoutError, Parts, UnixMs, MAX_DATACENTER_ID, MAX_SEQUENCE, MAX_WORKER_ID,
 };
-use crate::settings::{civil_from_days, days_from_civil, days_in_month};
 
 /// Digits at the end of a serial: time (17), datacenter (2), worker (2), sequence (4).
 pub const SERIAL_DIGITS: usize = 25;
@@ -388,7 +388,7 @@ mod tests {
         fn serial_time_digits_match(ts in 0u64..=crate::layout::MAX_TIMESTAMP) {
             let id = pack(Parts { timestamp: EpochMs(ts), datacenter_id: 3, worker_id: 4, sequence: 5 });
             let serial = to_serial("", id, Epoch::TWITTER).unwrap();
-            let text = crate::settings::format_unix_ms(Epoch::TWITTER.to_unix(EpochMs(ts)).0);
+            let text = crate::civil::format_unix_ms(Epoch::TWITTER.to_unix(EpochMs(ts)).0);
             let expected: String = text[..23].chars().filter(char::is_ascii_digit).collect();
             prop_assert_eq!(&serial[..17], expected.as_str());
             prop_assert_eq!(&serial[17..], "03040005");
