@@ -357,16 +357,22 @@ impl Worker {
         }
         shared.node = node;
         shared.fence = fence;
+        drop(shared);
+        shmem::CLAIM_SIGNAL.get().broadcast();
     }
 }
 
 /// Stops the generator at once (no fence, its lease revoked); returns its position, read
 /// under the same lock: nothing is issued after it.
 fn stop_generator() -> snowflake_core::layout::EpochMs {
-    let mut shared = shmem::GENERATOR.exclusive();
-    shared.fence = Fence::NONE;
-    shared.generator.revoke_lease();
-    shared.generator.position()
+    let position = {
+        let mut shared = shmem::GENERATOR.exclusive();
+        shared.fence = Fence::NONE;
+        shared.generator.revoke_lease();
+        shared.generator.position()
+    };
+    shmem::CLAIM_SIGNAL.get().broadcast();
+    position
 }
 
 /// This server's clocks now.
@@ -387,4 +393,6 @@ fn report(config: &Config, status: ClaimStatus, worker_id: u8, why: &str, expire
     };
     claim.expires_unix_ms = expires_unix_ms;
     claim.set_detail(why);
+    drop(claim);
+    shmem::CLAIM_SIGNAL.get().broadcast();
 }

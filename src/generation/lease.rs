@@ -233,11 +233,13 @@ fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
     let timing = gucs::claim_timing();
     let UnixMs(wanted_unix_ms) = config.epoch.to_unix(timestamp);
     let started = server::monotonic_ms();
-    loop {
+    let signal = shmem::CLAIM_SIGNAL.get();
+    signal.prepare();
+    let outcome = loop {
         let fence = shmem::GENERATOR.share().fence;
         let now_mono = server::monotonic_ms();
         if fence.allows(wanted_unix_ms, now_mono) {
-            return Ok(());
+            break Ok(());
         }
         let claim = *shmem::CLAIM.share();
         let waiting = matches!(claim.status, ClaimStatus::Starting | ClaimStatus::Held);
@@ -257,15 +259,19 @@ fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
                     wanted_unix_ms - server::now_unix_ms()
                 );
             }
-            return Err(errors::claim_unavailable(
+            break Err(errors::claim_unavailable(
                 claim.status,
                 &detail,
                 &registry,
                 config.datacenter_id,
             ));
         }
-        server::sleep_ms(10);
-    }
+        // Woken by the registry worker when the claim changes; the timeout is the TTL's
+        // bound above, looked at again at least every second.
+        signal.sleep(timing.ttl_ms().saturating_sub(now_mono.saturating_sub(started)) + 1);
+    };
+    signal.done();
+    outcome
 }
 
 /// Makes a lease ending at `new_end` (ms since the epoch) durable, computed at `now`: the

@@ -1,6 +1,29 @@
 //! Shared memory: the generator state behind one LWLock, the durable-state bookkeeping
 //! behind a second LWLock (held across file and WAL writes, so that I/O never happens under
 //! the generator's lock), and lock-free counters.
+//!
+//! # Lock protocol
+//! Four LWLocks, each in a tranche of its own (named as the statics below, and the
+//! watermark's `snowflake_prepared`), and one rule for each:
+//! - [`GENERATOR`]: the hot path's only lock. Held for one clock read, the state machine's
+//!   arithmetic and the watermark slot's store; never across I/O, a sleep or a wait for
+//!   standbys. Nothing else is acquired while it is held.
+//! - [`DURABLE`]: serializes lease writes. Held across the state file's write and fsync and
+//!   the WAL insert of a lease record, and across the origins file when origins are
+//!   adopted; released before the wait for synchronous standbys. It comes **before**
+//!   GENERATOR (`lease::ensure_loaded`, `lease::adopt_origins`): a holder of GENERATOR never
+//!   asks for DURABLE.
+//! - [`CLAIM`]: the registry worker's report of its claim. Never held with another lock:
+//!   readers copy it out (`*CLAIM.share()`), the worker writes it between its requests.
+//! - `snowflake_prepared` (`watermark.rs`): the prepared transactions' file, held across that
+//!   file's I/O; never held with another lock.
+//!
+//! No lock is held across a registry request (the worker's requests run on a thread of
+//! their own and touch shared memory only with the reply), a wait for the clock or a wait
+//! for standbys. An ERROR under a lock is safe: PostgreSQL's abort releases every LWLock
+//! (`LWLockReleaseAll`), and pgrx's guards are dropped as the error unwinds. [`COUNTERS`]
+//! are atomics, read and written outside any lock; [`CLAIM_SIGNAL`] is a condition variable
+//! (its own spinlock), broadcast with no lock held.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -153,6 +176,63 @@ pub static CLAIM: PgLwLock<SharedClaim> = unsafe { PgLwLock::new(c"snowflake_cla
 // SAFETY: a name of its own; pgrx allocates it in `_PG_init` (`pg_shmem_init!`).
 pub static COUNTERS: PgAtomic<Counters> = unsafe { PgAtomic::new(c"snowflake_counters") };
 
+/// Wakes the callers that wait for the registry worker to move the claim's fence
+/// (`lease::wait_for_claim`): the worker broadcasts whenever it installs a claim, stops the
+/// generator or reports a new state. A PostgreSQL condition variable, so that a waiting
+/// caller wakes when the claim changes instead of polling for it.
+pub struct ClaimSignal(std::cell::UnsafeCell<pg_sys::ConditionVariable>);
+
+impl Default for ClaimSignal {
+    /// An initialized condition variable. `ConditionVariableInit` only sets a spinlock and
+    /// an empty list of process numbers (no pointer into itself), so the value may be moved
+    /// into shared memory after it.
+    fn default() -> Self {
+        let mut cv = std::mem::MaybeUninit::<pg_sys::ConditionVariable>::zeroed();
+        // SAFETY: initializes the zeroed value in place; it touches nothing else.
+        unsafe { pg_sys::ConditionVariableInit(cv.as_mut_ptr()) };
+        // SAFETY: zeroed, then initialized by ConditionVariableInit just above.
+        ClaimSignal(std::cell::UnsafeCell::new(unsafe { cv.assume_init() }))
+    }
+}
+
+// SAFETY: a condition variable, made for shared memory; its own spinlock guards it.
+unsafe impl PGRXSharedMemory for ClaimSignal {}
+
+impl ClaimSignal {
+    /// Wakes every waiting caller. Call with no lock held.
+    pub fn broadcast(&self) {
+        // SAFETY: a condition variable in shared memory, initialized at its creation.
+        unsafe { pg_sys::ConditionVariableBroadcast(self.0.get()) }
+    }
+
+    /// Registers this process as a waiter before its first look at the claim, so that a
+    /// broadcast between the look and [`ClaimSignal::sleep`] is not lost.
+    pub fn prepare(&self) {
+        // SAFETY: as in `broadcast`; a process waits on one condition variable at a time.
+        unsafe { pg_sys::ConditionVariablePrepareToSleep(self.0.get()) }
+    }
+
+    /// Sleeps until a broadcast or `timeout_ms`; services interrupts (a cancel raises).
+    pub fn sleep(&self, timeout_ms: u64) {
+        let timeout = timeout_ms.clamp(1, 1_000) as std::ffi::c_long;
+        // SAFETY: as in `broadcast`; the wait event is the extensions' own.
+        unsafe {
+            pg_sys::ConditionVariableTimedSleep(self.0.get(), timeout, pg_sys::PG_WAIT_EXTENSION)
+        };
+    }
+
+    /// Ends the wait (an ERROR ends it too: the transaction's abort cancels the sleep).
+    pub fn done(&self) {
+        // SAFETY: ends this process's registration, if any.
+        let _ = unsafe { pg_sys::ConditionVariableCancelSleep() };
+    }
+}
+
+/// The claim's condition variable (see [`ClaimSignal`]).
+// SAFETY: a name of its own; pgrx allocates it in `_PG_init` (`pg_shmem_init!`).
+pub static CLAIM_SIGNAL: PgAtomic<ClaimSignal> =
+    unsafe { PgAtomic::new(c"snowflake_claim_signal") };
+
 /// Set in `_PG_init` when loading from `shared_preload_libraries`; inherited by every
 /// backend the postmaster forks. Without it the statics above point nowhere.
 static PRELOADED: AtomicBool = AtomicBool::new(false);
@@ -163,6 +243,7 @@ pub fn init() {
     pg_shmem_init!(DURABLE);
     pg_shmem_init!(COUNTERS);
     pg_shmem_init!(CLAIM);
+    pg_shmem_init!(CLAIM_SIGNAL);
     PRELOADED.store(true, Ordering::Relaxed);
 }
 
