@@ -1,6 +1,6 @@
 //! What a holder and a registry say to each other: the requests the registry worker's
 //! decisions ([`crate::holder`]) make, and the replies every registry client gives (Redis,
-//! the coordinator, etcd: `src/fleet/registry/`). Plain data, no I/O.
+//! the coordinator, etcd: the `snowflake-registry` crate). Plain data, no I/O.
 
 use crate::claim::{ClaimTiming, ClockSample, Granted, RequestAge, RequestTokens};
 

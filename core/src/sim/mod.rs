@@ -10,7 +10,7 @@
 //! [`crate::holder::Holder`], with the simulator in the worker's place (it passes the time
 //! and fresh tokens, delivers requests and replies, and carries out the effects on the
 //! copy's generator, token file and claim file); the registry's steps follow the Redis
-//! scripts (src/fleet/registry/redis.rs), whose records every store keeps (docs/fleets.md),
+//! scripts (registry/src/redis.rs), whose records every store keeps (docs/fleets.md),
 //! through the core's [`crate::claim`] functions.
 //! Each fix of an earlier duplicate path is a switch in [`Fixes`]: with the switch off, the
 //! simulator must find that path again (see the tests), which shows it can see that kind of
