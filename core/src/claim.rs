@@ -22,6 +22,7 @@
 //!   ([`ClaimTiming::max_registry_clock_jump_ms`]; issue 37's third path had 1.2 s against the
 //!   `ttl / 10` the settle of one `ttl` left).
 
+use crate::mono::MonoMs;
 use serde::{Deserialize, Serialize};
 
 /// Default of `snowflake.claim_ttl` (ms).
@@ -69,11 +70,11 @@ impl ClaimTiming {
 
     /// The fence granted by a renewal that started at `started_unix_ms` (wall clock) and
     /// `started_mono_ms` (monotonic clock).
-    pub fn fence(&self, started_unix_ms: i64, started_mono_ms: u64) -> Fence {
+    pub fn fence(&self, started_unix_ms: i64, started_mono: MonoMs) -> Fence {
         let reach = self.fence_reach_ms();
         Fence {
             cap_unix_ms: started_unix_ms.saturating_add(reach as i64),
-            deadline_mono_ms: started_mono_ms.saturating_add(reach),
+            deadline_mono: started_mono.plus(reach),
         }
     }
 
@@ -119,64 +120,64 @@ impl ClaimTiming {
 }
 
 /// When a quarantined grant may first be used, from when its reply was handled: nothing
-/// is issued before `until_mono_ms` (monotonic), and its IDs start at or above
+/// is issued before `until_mono` (monotonic), and its IDs start at or above
 /// `first_id_unix_ms` (wall clock), whatever the clock does meanwhile (see
 /// [`ClaimTiming::grant_quarantine_ms`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quarantine {
     /// The earliest timestamp of its IDs (Unix ms).
     pub first_id_unix_ms: i64,
-    /// Monotonic time (ms) before which nothing is issued under it.
-    pub until_mono_ms: u64,
+    /// Monotonic time before which nothing is issued under it.
+    pub until_mono: MonoMs,
 }
 
 impl Quarantine {
     /// The quarantine of `quarantine_ms` for a grant whose reply was handled at
-    /// `now_unix_ms` and `now_mono_ms` (after the reply: a step may read the store well after
+    /// `now_unix_ms` and `now_mono` (after the reply: a step may read the store well after
     /// it began, and its clock sample is taken before its reads). None for no quarantine.
     pub fn after_reply(
         quarantine_ms: u64,
         now_unix_ms: i64,
-        now_mono_ms: u64,
+        now_mono: MonoMs,
     ) -> Option<Quarantine> {
         (quarantine_ms > 0).then(|| Quarantine {
             first_id_unix_ms: now_unix_ms.saturating_add(quarantine_ms as i64),
-            until_mono_ms: now_mono_ms.saturating_add(quarantine_ms),
+            until_mono: now_mono.plus(quarantine_ms),
         })
     }
 }
 
 /// What a holder may issue under its claim: IDs with timestamps below `cap_unix_ms`, until
-/// its monotonic clock reaches `deadline_mono_ms`.
+/// its monotonic clock reaches `deadline_mono`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
     /// Exclusive bound of the IDs' timestamps, Unix ms (this server's clock).
     pub cap_unix_ms: i64,
-    /// Monotonic time (ms) after which nothing may be issued without a renewal.
-    pub deadline_mono_ms: u64,
+    /// Monotonic time after which nothing may be issued without a renewal.
+    pub deadline_mono: MonoMs,
 }
 
 impl Fence {
     /// No claim: nothing may be issued.
     pub const NONE: Fence = Fence {
         cap_unix_ms: i64::MIN,
-        deadline_mono_ms: 0,
+        deadline_mono: MonoMs::ZERO,
     };
 
     /// No registry (a configured worker id): no limit.
     pub const UNLIMITED: Fence = Fence {
         cap_unix_ms: i64::MAX,
-        deadline_mono_ms: u64::MAX,
+        deadline_mono: MonoMs::MAX,
     };
 
-    /// Whether an ID with timestamp `timestamp_unix_ms` may be issued at `now_mono_ms`.
-    pub fn allows(&self, timestamp_unix_ms: i64, now_mono_ms: u64) -> bool {
-        timestamp_unix_ms < self.cap_unix_ms && now_mono_ms < self.deadline_mono_ms
+    /// Whether an ID with timestamp `timestamp_unix_ms` may be issued at `now_mono`.
+    pub fn allows(&self, timestamp_unix_ms: i64, now_mono: MonoMs) -> bool {
+        timestamp_unix_ms < self.cap_unix_ms && now_mono < self.deadline_mono
     }
 
-    /// Whether the deadline has passed at `now_mono_ms`.
-    pub fn expired(&self, now_mono_ms: u64) -> bool {
-        now_mono_ms >= self.deadline_mono_ms
+    /// Whether the deadline has passed at `now_mono`.
+    pub fn expired(&self, now_mono: MonoMs) -> bool {
+        now_mono >= self.deadline_mono
     }
 }
 
@@ -448,9 +449,9 @@ pub enum AfterFailure {
     Fence,
 }
 
-/// Decides what a failed renewal means at `now_mono_ms`.
-pub fn after_failed_renewal(fence: Fence, now_mono_ms: u64) -> AfterFailure {
-    if fence.expired(now_mono_ms) {
+/// Decides what a failed renewal means at `now_mono`.
+pub fn after_failed_renewal(fence: Fence, now_mono: MonoMs) -> AfterFailure {
+    if fence.expired(now_mono) {
         AfterFailure::Fence
     } else {
         AfterFailure::Retry
@@ -460,8 +461,8 @@ pub fn after_failed_renewal(fence: Fence, now_mono_ms: u64) -> AfterFailure {
 /// Whether a holder asks to re-assert its claim in a renewal, should the registry have lost
 /// it: only while its fence holds, since after that the id may have been granted to another
 /// node. The registry decides too ([`ClaimTiming::may_reassert`]).
-pub fn may_reassert(fence: Fence, now_mono_ms: u64) -> bool {
-    !fence.expired(now_mono_ms)
+pub fn may_reassert(fence: Fence, now_mono: MonoMs) -> bool {
+    !fence.expired(now_mono)
 }
 
 /// The order in which free worker ids are tried: the one this server held last (stable ids
@@ -632,7 +633,7 @@ pub enum ClaimChoice {
 /// Decides a claim, once the registry has settled: an id this server holds first (whatever
 /// the order), then the first free id in `order`. `live` lists the ids that are held
 /// (unexpired) and by which token; `mine` tells this server's tokens
-/// ([`ClaimTokens::holds`]).
+/// ([`RequestTokens::holds`]).
 ///
 /// While the registry settles it grants nothing, not even an id under this token: its
 /// records may be a restored copy, where this token's claim is one that it released, or let
@@ -735,15 +736,15 @@ mod tests {
 
     #[test]
     fn fence_stops_at_cap_and_deadline() {
-        let f = T.fence(1_000_000, 50);
+        let f = T.fence(1_000_000, MonoMs(50));
         assert_eq!(f.cap_unix_ms, 1_005_000);
-        assert!(f.allows(1_004_999, 5_049));
-        assert!(!f.allows(1_005_000, 100));
-        assert!(!f.allows(1_000_000, 5_050));
-        assert!(!Fence::NONE.allows(0, 0));
-        assert_eq!(after_failed_renewal(f, 5_049), AfterFailure::Retry);
-        assert_eq!(after_failed_renewal(f, 5_050), AfterFailure::Fence);
-        assert!(may_reassert(f, 100) && !may_reassert(f, 6_000));
+        assert!(f.allows(1_004_999, MonoMs(5_049)));
+        assert!(!f.allows(1_005_000, MonoMs(100)));
+        assert!(!f.allows(1_000_000, MonoMs(5_050)));
+        assert!(!Fence::NONE.allows(0, MonoMs(0)));
+        assert_eq!(after_failed_renewal(f, MonoMs(5_049)), AfterFailure::Retry);
+        assert_eq!(after_failed_renewal(f, MonoMs(5_050)), AfterFailure::Fence);
+        assert!(may_reassert(f, MonoMs(100)) && !may_reassert(f, MonoMs(6_000)));
     }
 
     #[test]
@@ -823,12 +824,12 @@ mod tests {
         // Forward, or within the uncertainty: nothing proven.
         assert!(sample(1_000, 20).proven_registry_clock_back_ms(&sample(-2_000, 20)) < 0);
         assert!(sample(0, 200).proven_registry_clock_back_ms(&sample(50, 200)) <= 0);
-        assert_eq!(Quarantine::after_reply(0, 5, 6), None);
+        assert_eq!(Quarantine::after_reply(0, 5, MonoMs(6)), None);
         assert_eq!(
-            Quarantine::after_reply(13_000, 1_000, 50),
+            Quarantine::after_reply(13_000, 1_000, MonoMs(50)),
             Some(Quarantine {
                 first_id_unix_ms: 14_000,
-                until_mono_ms: 13_050
+                until_mono: MonoMs(13_050)
             })
         );
     }
@@ -946,9 +947,9 @@ mod tests {
                                                      sent in 0u64..1u64 << 40,
                                                      delay in 0u64..60_000) {
             let t = ClaimTiming::new(ttl);
-            let fence = t.fence(0, sent);
+            let fence = t.fence(0, MonoMs(sent));
             let registry_expiry = sent + delay + t.ttl_ms();
-            prop_assert!(fence.deadline_mono_ms < registry_expiry);
+            prop_assert!(fence.deadline_mono < MonoMs(registry_expiry));
         }
 
         /// After a loss of registry data noticed at `born` (the new registry's time), a free
@@ -971,7 +972,7 @@ mod tests {
             let ahead = (jump * t.max_registry_clock_jump_ms() as f64) as i64;
             // The old holder's renewal started before the loss; its clock read `born - before`
             // (on the old registry's clock) + skew.
-            let old_cap = t.fence(born + ahead - before + (old_skew * max) as i64, 0).cap_unix_ms;
+            let old_cap = t.fence(born + ahead - before + (old_skew * max) as i64, MonoMs::ZERO).cap_unix_ms;
             // The new holder is granted the id once the registry settled (maybe later).
             let registry_now = born + t.settle_ms() as i64 + late;
             prop_assert_eq!(t.settle_wait_ms(born, registry_now), 0);
@@ -1031,7 +1032,7 @@ mod tests {
             // The other holder's member's clock was `jump` ahead of this server's member's.
             let ahead = (jump * t.max_registry_clock_jump_ms() as f64) as i64;
             // The other holder's renewal began `before` ms before this grant's reply arrived.
-            let old_cap = t.fence(reply_real - before + ahead + (old_skew * max) as i64, 0).cap_unix_ms;
+            let old_cap = t.fence(reply_real - before + ahead + (old_skew * max) as i64, MonoMs::ZERO).cap_unix_ms;
             let received_wall = reply_real + (new_skew * max) as i64;
             let first_id = received_wall + t.grant_quarantine_ms(resolution as u64) as i64;
             prop_assert!(first_id >= old_cap, "first ID {first_id} below an earlier cap {old_cap}");

@@ -25,6 +25,7 @@ use crate::claim::{
 };
 use crate::durable::LastClaim;
 use crate::layout::MAX_WORKER_ID;
+use crate::mono::MonoMs;
 use crate::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
 
 /// This server's clocks when an event is handled.
@@ -32,8 +33,8 @@ use crate::protocol::{ClaimReply, ClaimRequest, Observed, RenewReply};
 pub struct Now {
     /// The wall clock (Unix ms).
     pub unix_ms: i64,
-    /// The monotonic clock (ms).
-    pub mono_ms: u64,
+    /// The monotonic clock.
+    pub mono: MonoMs,
 }
 
 /// What one worker's decisions depend on and never changes while it runs.
@@ -282,7 +283,7 @@ pub struct Holder {
     last_failure: String,
     /// A held claim not to be used before this monotonic time (ms): a grant from a store
     /// whose restores give no sign ([`ClaimTiming::grant_quarantine_ms`]).
-    quarantine_until_mono_ms: Option<u64>,
+    quarantine_until_mono: Option<MonoMs>,
     /// The registry's incarnation (its birth) and its clock's offset from this server's, as
     /// last seen: a new incarnation whose clock went back further than the settle covers is
     /// reported ([`ClaimTiming::max_registry_clock_jump_ms`]).
@@ -327,7 +328,7 @@ impl Holder {
             recorded,
             avoided: Vec::new(),
             last_failure: String::new(),
-            quarantine_until_mono_ms: None,
+            quarantine_until_mono: None,
             registry_clock: None,
             fleet_ttl_ms: if rules.settle_for_refused_ttl {
                 fleet_ttl_ms
@@ -362,9 +363,9 @@ impl Holder {
         self.in_flight = None;
         self.recording = None;
         let timing = self.settings.timing;
-        let fence = timing.fence(now.unix_ms, now.mono_ms);
+        let fence = timing.fence(now.unix_ms, now.mono);
         if let Some((worker_id, old)) = self.held {
-            if self.rules.renew_only_within_fence && old.expired(now.mono_ms) {
+            if self.rules.renew_only_within_fence && old.expired(now.mono) {
                 // Not renewed within its fence (this server was stopped, or cut off, with no
                 // failed renewal to notice): claim again instead. A renewal now could keep a
                 // claim that a restore of the registry brought back after the id had lapsed
@@ -429,7 +430,7 @@ impl Holder {
                 worker_id,
                 // Ask to take the claim back, should the registry have lost it, only while
                 // the fence holds; the registry also checks that it really lost its data.
-                reassert_known_born: claim::may_reassert(old, now.mono_ms)
+                reassert_known_born: claim::may_reassert(old, now.mono)
                     .then_some(self.known_born_unix_ms)
                     .flatten(),
             },
@@ -522,12 +523,12 @@ impl Holder {
                 }
                 self.known_born_unix_ms = Some(observed.born_unix_ms);
                 self.watch_registry_clock(effects, &observed);
-                if in_flight.fence.expired(now.mono_ms) {
+                if in_flight.fence.expired(now.mono) {
                     // Read after the fence it grants had ended (this server was stopped, or the
                     // reply held up): nothing to install, and the claim ends like after a
                     // failed renewal, so that no status reads "held" under an ended fence.
                     let late =
-                        now.mono_ms - in_flight.fence.deadline_mono_ms + timing.fence_reach_ms();
+                        now.mono.since(in_flight.fence.deadline_mono) + timing.fence_reach_ms();
                     let why = format!(
                         "The registry renewed this server's claim of worker id {worker_id}, but its reply was read {late} ms after the renewal was sent, after the fence it grants ({} ms) had ended: the server was stopped or the reply held up.",
                         timing.fence_reach_ms()
@@ -801,15 +802,12 @@ impl Holder {
         // clock at the send: the skew check does not bind it, and the request-age check
         // lets it lag by more (helper-15: 4,850 and 2,450 duplicates with a step back at the
         // send too).
-        let since_reply = now.mono_ms.saturating_sub(grant.replied.mono_ms);
+        let since_reply = now.mono.since(grant.replied.mono);
         let checked_now = grant
             .checked_reply_unix_ms
             .saturating_add(since_reply as i64);
-        let quarantine = Quarantine::after_reply(
-            grant.quarantine_ms,
-            now.unix_ms.max(checked_now),
-            now.mono_ms,
-        );
+        let quarantine =
+            Quarantine::after_reply(grant.quarantine_ms, now.unix_ms.max(checked_now), now.mono);
         let floor = quarantine.map_or(grant.floor_unix_ms, |q| {
             grant.floor_unix_ms.max(q.first_id_unix_ms)
         });
@@ -826,7 +824,7 @@ impl Holder {
         self.inherited_unix_ms = grant.inherited_unix_ms.unwrap_or(i64::MIN);
         effects.push(Effect::RaiseFloor(floor));
         self.floor_unix_ms = floor;
-        self.quarantine_until_mono_ms = quarantine.map(|q| q.until_mono_ms);
+        self.quarantine_until_mono = quarantine.map(|q| q.until_mono);
         self.install(&mut effects, grant.worker_id, grant.fence, now);
         let wait = self.report_installed(&mut effects, grant.worker_id, grant.expires_unix_ms, now);
         effects.push(Effect::Claimed {
@@ -871,7 +869,7 @@ impl Holder {
 
     /// A renewal failed or was not acted on: keep issuing while the fence holds.
     fn failed_renewal(&mut self, effects: &mut Vec<Effect>, old: Fence, now: Now, why: &str) {
-        match claim::after_failed_renewal(old, now.mono_ms) {
+        match claim::after_failed_renewal(old, now.mono) {
             AfterFailure::Retry => effects.push(Effect::NoteFailure(why.to_string())),
             AfterFailure::Fence => self.fence(effects, ClaimStatus::Fenced, why),
         }
@@ -912,9 +910,9 @@ impl Holder {
         now: Now,
     ) -> u64 {
         let heartbeat = self.settings.timing.heartbeat_ms();
-        match self.quarantine_until_mono_ms {
+        match self.quarantine_until_mono {
             Some(until) => {
-                let left = until.saturating_sub(now.mono_ms);
+                let left = until.since(now.mono);
                 let why = format!(
                     "This server holds worker id {worker_id} and uses it in {left} ms: the registry (etcd) can be restored from a snapshot without a sign, which may have lost a claim of the same id made just before this one, whose holder could go on issuing until its fence ends."
                 );
@@ -934,18 +932,18 @@ impl Holder {
         self.held = Some((worker_id, fence));
         // A failure after this success is logged again, even with the same cause.
         self.last_failure.clear();
-        if let Some(until) = self.quarantine_until_mono_ms {
-            if now.mono_ms < until {
+        if let Some(until) = self.quarantine_until_mono {
+            if now.mono < until {
                 return;
             }
-            self.quarantine_until_mono_ms = None;
+            self.quarantine_until_mono = None;
         }
         effects.push(Effect::Install { worker_id, fence });
     }
 
     /// Stops the generator at once and forgets the claim.
     fn fence(&mut self, effects: &mut Vec<Effect>, status: ClaimStatus, why: &str) {
-        self.quarantine_until_mono_ms = None;
+        self.quarantine_until_mono = None;
         effects.push(Effect::StopGenerator);
         if let Some((worker_id, _)) = self.held.take() {
             effects.push(Effect::Fenced {
@@ -1058,7 +1056,7 @@ mod tests {
     fn at(ms: i64) -> Now {
         Now {
             unix_ms: T0 + ms,
-            mono_ms: 1_000_000 + ms as u64,
+            mono: MonoMs(1_000_000 + ms as u64),
         }
     }
 
@@ -1355,7 +1353,7 @@ mod tests {
         );
         let stepped = Now {
             unix_ms: T0 + 500 - 8_000,
-            mono_ms: at(500).mono_ms,
+            mono: at(500).mono,
         };
         let step = h.on_recorded(Ok(()), stepped);
         assert!(
@@ -1373,19 +1371,19 @@ mod tests {
         // later (the step went on after that reading).
         let send = Now {
             unix_ms: T0 - 5_000,
-            mono_ms: at(0).mono_ms,
+            mono: at(0).mono,
         };
         h.begin(send, Some("a".into()), LEAD);
         let mut seen = observed(send, at(1_000), 0);
         seen.sample_age_ms = 4_000;
         let reply = Now {
             unix_ms: T0 + 5_000 - 8_000,
-            mono_ms: at(5_000).mono_ms,
+            mono: at(5_000).mono,
         };
         h.on_reply(Ok((granted(5, None, 7_000), seen)), reply);
         let written = Now {
             unix_ms: reply.unix_ms + 10,
-            mono_ms: reply.mono_ms + 10,
+            mono: reply.mono.plus(10),
         };
         let step = h.on_recorded(Ok(()), written);
         assert!(
@@ -1545,7 +1543,7 @@ mod tests {
             let mut replied: Option<Now> = None;
             let mut recorded_worker: Option<u8> = None;
             let mut floor_raised = i64::MIN;
-            let mut usable_from_mono: u64 = 0;
+            let mut usable_from_mono = MonoMs::ZERO;
             for (event, dt) in events {
                 t += dt as i64;
                 let now = at(t);
@@ -1593,16 +1591,16 @@ mod tests {
                         Effect::RaiseFloor(f) => {
                             // Each grant raises the floor once, with its own quarantine.
                             floor_raised = floor_raised.max(*f);
-                            usable_from_mono = now.mono_ms + grant_quarantine_ms;
+                            usable_from_mono = now.mono.plus(grant_quarantine_ms);
                         }
                         Effect::Install { worker_id, fence } => {
                             prop_assert_eq!(h.held(), Some((*worker_id, *fence)));
                             prop_assert_eq!(recorded_worker, Some(*worker_id));
                             prop_assert!(floor_raised > i64::MIN);
-                            prop_assert!(now.mono_ms >= usable_from_mono);
+                            prop_assert!(now.mono >= usable_from_mono);
                             // The fence of the request whose reply this is.
                             let from = replied.expect("installed without a reply");
-                            prop_assert_eq!(*fence, settings().timing.fence(from.unix_ms, from.mono_ms));
+                            prop_assert_eq!(*fence, settings().timing.fence(from.unix_ms, from.mono));
                         }
                         Effect::GiveBack { released_unix_ms: Some(r), .. } => {
                             prop_assert!(*r >= floor_raised);

@@ -31,6 +31,7 @@ pub mod history;
 pub mod holder;
 pub mod kvclaims;
 pub mod layout;
+pub mod mono;
 pub mod protocol;
 pub mod ratelimit;
 pub mod registry_rules;

@@ -23,7 +23,7 @@ use crate::generation::lease;
 use crate::generation::shmem::{self, Node};
 use crate::server::errors;
 use crate::server::gucs;
-use crate::server::{data_dir, monotonic_ms, now_unix_ms};
+use crate::server::{data_dir, mono_now, now_unix_ms};
 use runner::Runner;
 use snowflake_core::claim::{ClaimStatus, Fence};
 use snowflake_core::durable;
@@ -379,7 +379,7 @@ fn stop_generator() -> snowflake_core::layout::EpochMs {
 fn now() -> Now {
     Now {
         unix_ms: now_unix_ms(),
-        mono_ms: monotonic_ms(),
+        mono: mono_now(),
     }
 }
 

@@ -212,7 +212,7 @@ pub(crate) fn renew(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
     let granted_end = if fence == Fence::UNLIMITED {
         lease_end
     } else {
-        if !fence.allows(config.epoch.to_unix(timestamp).0, server::monotonic_ms()) {
+        if !fence.allows(config.epoch.to_unix(timestamp).0, server::mono_now()) {
             drop(shared);
             return wait_for_claim(config, timestamp);
         }
@@ -232,18 +232,18 @@ pub(crate) fn renew(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
 fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
     let timing = gucs::claim_timing();
     let UnixMs(wanted_unix_ms) = config.epoch.to_unix(timestamp);
-    let started = server::monotonic_ms();
+    let started = server::mono_now();
     let signal = shmem::CLAIM_SIGNAL.get();
     signal.prepare();
     let outcome = loop {
         let fence = shmem::GENERATOR.share().fence;
-        let now_mono = server::monotonic_ms();
+        let now_mono = server::mono_now();
         if fence.allows(wanted_unix_ms, now_mono) {
             break Ok(());
         }
         let claim = *shmem::CLAIM.share();
         let waiting = matches!(claim.status, ClaimStatus::Starting | ClaimStatus::Held);
-        if !waiting || now_mono.saturating_sub(started) > timing.ttl_ms() {
+        if !waiting || now_mono.since(started) > timing.ttl_ms() {
             let registry = gucs::registry_for_caller().unwrap_or_default();
             // What the registry worker last reported can quote the registry's own text and
             // other servers' claims: only for roles that may read snowflake.registry.
@@ -268,7 +268,7 @@ fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
         }
         // Woken by the registry worker when the claim changes; the timeout is the TTL's
         // bound above, looked at again at least every second.
-        signal.sleep(timing.ttl_ms().saturating_sub(now_mono.saturating_sub(started)) + 1);
+        signal.sleep(timing.ttl_ms().saturating_sub(now_mono.since(started)) + 1);
     };
     signal.done();
     outcome

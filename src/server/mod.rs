@@ -13,6 +13,7 @@ pub(crate) mod errors;
 pub(crate) mod gucs;
 pub(crate) mod rows;
 
+use snowflake_core::mono::MonoMs;
 use std::ffi::CStr;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -62,6 +63,11 @@ pub fn monotonic_ms() -> u64 {
     // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000 + ts.tv_nsec as u64 / 1_000_000
+}
+
+/// The monotonic clock as an instant ([`MonoMs`]), for fences and quarantines.
+pub fn mono_now() -> MonoMs {
+    MonoMs(monotonic_ms())
 }
 
 /// This process's pseudo-random state (0: not seeded yet).

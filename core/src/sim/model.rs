@@ -1,6 +1,7 @@
 //! The simulated fleet: servers (each running copy of one), a registry, messages, faults, and
 //! the record of every millisecond each copy issued under each worker id.
 
+use crate::mono::MonoMs;
 use std::collections::{BTreeMap, VecDeque};
 
 use super::rng::Rng;
@@ -273,7 +274,7 @@ pub enum Store {
     Redis,
     /// etcd: a restore from a snapshot gives no sign but revisions that go back (and soon
     /// climb past where they were); claims are leases, whose time a restore gives back in
-    /// full; each client keeps what it saw (see `src/fleet/registry/etcd.rs`).
+    /// full; each client keeps what it saw (see `registry/src/etcd/`).
     Etcd,
 }
 
@@ -496,7 +497,7 @@ impl Copy {
     fn now(&self, t: i64) -> Now {
         Now {
             unix_ms: self.wall(t),
-            mono_ms: self.mono(t),
+            mono: MonoMs(self.mono(t)),
         }
     }
 }
@@ -767,7 +768,7 @@ impl Sim {
             return;
         };
         // The first true time at which the deadline has passed.
-        let dead = fence.deadline_mono_ms as i64 - copy.mono;
+        let dead = fence.deadline_mono.0 as i64 - copy.mono;
         let last = t.min(dead - 1);
         let n = last - from;
         let first = copy
