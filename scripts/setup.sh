@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, skipping what is already there:
 # Debian packages, PostgreSQL 16/17/18 source builds (for the majors in PG_MAJORS),
-# cargo-pgrx 0.18.1, `cargo pgrx init` for every major, and the client libraries the
-# examples use (SQLAlchemy 2 from PyPI into /opt/snowflake-pylib; npm's pg for examples/node).
+# cargo-pgrx 0.18.1, `cargo pgrx init` for every major, cargo-deny, and the client libraries
+# the examples use (SQLAlchemy 2 from PyPI into /opt/snowflake-pylib; npm's pg for
+# examples/node).
 #   PG_MAJORS="15 17 18" scripts/setup.sh      (default: 15)
 #   SETUP_FOR=build scripts/setup.sh           what building a package needs, nothing else:
 #                                              no registry servers, no client libraries
@@ -84,6 +85,13 @@ fi
 
 if [ "$setup_for" = build ]; then
     exit 0
+fi
+
+# cargo-deny, for the dependency policy of deny.toml (licences, bans, sources) that the test
+# command checks; building does not need it.
+if [ "$(cargo deny --version 2>/dev/null || true)" != "cargo-deny 0.18.9" ]; then
+    log "Installing cargo-deny 0.18.9 (about 6 minutes)"
+    cargo install cargo-deny --version 0.18.9 --locked
 fi
 
 # SQLAlchemy 2 for examples/python/sqlalchemy_models.py (Debian 12 ships 1.4), beside the

@@ -9,7 +9,8 @@
 # pass on a loaded machine too, since their timing rule (docs/testing.md) derives every
 # liveness bound from the settings and the delays measured in the run.
 # The full tier, on PostgreSQL 15, 16, 17 and 18 (PG_MAJORS overrides the list):
-#   1. cargo fmt --check, cargo clippy -D warnings, the released-scripts rule, the docs' links
+#   1. cargo fmt --check, cargo clippy -D warnings, the dependency policy (cargo deny), the
+#      released-scripts rule, the docs' links
 #   2. per major: cargo pgrx test (pure Rust unit/property tests and #[pg_test]s in a
 #      preloaded server), the release .deb built, installed and removed with apt
 #      (scripts/test-deb.sh), installed again, and pg_regress against it; on the last major,
@@ -75,6 +76,9 @@ cargo test -p snowflake-core
 log "The registry clients: cargo clippy, and their tests against a real Redis and etcd"
 cargo clippy -p snowflake-registry --all-targets -- -D warnings
 SNOWFLAKE_REQUIRE_REGISTRIES=1 cargo test -p snowflake-registry
+
+log "Dependencies: licences, bans and sources (deny.toml)"
+cargo deny --log-level error check licenses bans sources
 
 log "Released SQL scripts"
 "$REPO_ROOT/scripts/check-released.sh"
