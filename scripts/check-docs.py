@@ -16,6 +16,10 @@ Links inside fenced code blocks, inline code and HTML comments are not links on 
 are ignored. External links (`http:`, `https:`, `mailto:`, any other scheme) are counted,
 never fetched.
 
+Why not lychee, which checks links and anchors offline too: the last three rules are this
+project's own, and lychee would be a build of several minutes on every fresh machine to
+replace the part of this file that the first two rules take.
+
 Usage: /usr/bin/python3 scripts/check-docs.py [--root DIR]
 On failure, prints one `FILE:LINE: message` per problem and exits 1; on success, prints one
 summary line and exits 0. Python 3.11 standard library only.

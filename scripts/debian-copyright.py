@@ -22,6 +22,11 @@ build writes that file from the crate graph instead of keeping a hand list that 
 - The license texts: packaging/debian/licenses/<SPDX id>. A license with no file there stops
   the build: a new license needs a person to read it before the package ships it.
 
+Why not cargo-about: it gathers license texts, but a DEP-5 file needs each crate's copyright
+notices in its Copyright field, which cargo-about does not extract, and this runs on
+Python's standard library in the package build, where cargo-about would be one more build
+of several minutes.
+
     scripts/debian-copyright.py --manifest-path TREE/Cargo.toml --features pg17 \
         --project packaging/debian/copyright --licenses packaging/debian/licenses \
         --overrides packaging/debian/crate-overrides >copyright

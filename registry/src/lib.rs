@@ -151,6 +151,9 @@ pub struct Options {
     /// `snowflake.registry_password_file`: the password, so that it need not be in the URI
     /// (the first line for Redis and etcd; `.pgpass` lines for the coordinator).
     pub password_file: Option<String>,
+    /// The effective uid of the calling process (`geteuid()`), which a password file's owner
+    /// must be (or root): given by the caller, so that this crate needs no `unsafe`.
+    pub effective_uid: u32,
 }
 
 /// Opens a client for `uri` (connecting lazily). Every error it returns, now and from its
@@ -181,9 +184,9 @@ pub fn open(uri: &str, options: &Options) -> Result<Box<dyn Registry>> {
 
 /// Reads `snowflake.registry_password_file` (see [`read_private_file`]: PostgreSQL's rule for
 /// `ssl_key_file`). Returns the first line.
-pub(crate) fn read_password_file(path: &str) -> Result<String> {
+pub(crate) fn read_password_file(path: &str, effective_uid: u32) -> Result<String> {
     Ok(snowflake_core::registry_uri::password_from_file(
-        &read_private_file(path, true)?,
+        &read_private_file(path, true, effective_uid)?,
     ))
 }
 
@@ -191,7 +194,11 @@ pub(crate) fn read_password_file(path: &str) -> Result<String> {
 /// ([`snowflake_core::secrets::private_file_allowed`], `root_may_share_with_group` as there).
 /// The checks are made on the file opened (fstat), so the file read is the file checked; the
 /// open does not block (a FIFO is refused, not waited on).
-pub(crate) fn read_private_file(path: &str, root_may_share_with_group: bool) -> Result<String> {
+pub(crate) fn read_private_file(
+    path: &str,
+    root_may_share_with_group: bool,
+    effective_uid: u32,
+) -> Result<String> {
     use std::io::Read;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let unreadable =
@@ -207,10 +214,9 @@ pub(crate) fn read_private_file(path: &str, root_may_share_with_group: bool) -> 
             "password file \"{path}\" is not a regular file"
         )));
     }
-    let euid = rustix::process::geteuid().as_raw();
     snowflake_core::secrets::private_file_allowed(
         meta.uid(),
-        euid,
+        effective_uid,
         meta.mode(),
         root_may_share_with_group,
     )

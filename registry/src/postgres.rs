@@ -741,7 +741,7 @@ fn pgpass_password(
     // with group read is fine, as a Kubernetes secret mounts it); libpq's own files keep
     // libpq's: no group or other access.
     let from_setting = extras.passfile.is_none() && options.password_file.as_ref() == Some(&file);
-    let text = super::read_private_file(&file, from_setting)?;
+    let text = super::read_private_file(&file, from_setting, options.effective_uid)?;
     let user = config.get_user().unwrap_or("");
     let database = config.get_dbname().unwrap_or(user);
     let ports = config.get_ports();

@@ -294,7 +294,7 @@ impl RedisRegistry {
                 None => None,
             };
         let file_password = match &options.password_file {
-            Some(file) => Some(super::read_password_file(file)?),
+            Some(file) => Some(super::read_password_file(file, options.effective_uid)?),
             None => None,
         };
         let (target, password) = if lower.starts_with("redis+sentinel://")

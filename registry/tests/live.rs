@@ -182,6 +182,8 @@ impl Node {
             timeout: Duration::from_millis(TTL_MS / 5).max(Duration::from_secs(1)),
             ca_file: None,
             password_file: None,
+            // No password file here: nothing compares a file's owner with it.
+            effective_uid: 0,
         };
         let postmaster = token();
         Node {

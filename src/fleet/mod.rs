@@ -93,6 +93,8 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         timeout: Duration::from_millis(settings.timing.heartbeat_ms()),
         ca_file: gucs::registry_ca_file(),
         password_file: gucs::registry_password_file(),
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        effective_uid: unsafe { libc::geteuid() },
     };
     let mut worker = Worker {
         holder: Holder::start(
@@ -161,9 +163,8 @@ fn exit_for_restart() {
 /// a process snapshot restored runs on a kernel that was not copied.
 fn random_hex() -> Option<String> {
     let mut bytes = [0u8; 16];
-    // SAFETY: a valid buffer of the given length.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    (got == bytes.len() as isize).then(|| bytes.iter().map(|b| format!("{b:02x}")).collect())
+    getrandom::fill(&mut bytes).ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Host name and port, to tell holders apart in the registry.

@@ -74,7 +74,8 @@ pub fn mono_now() -> MonoMs {
 static RANDOM_STATE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A pseudo-random number below `span` (splitmix64, seeded per process from its pid and the
-/// clock). Statistical spread only: nothing relies on it being unpredictable.
+/// clock). Statistical spread only: nothing relies on it being unpredictable. Not `rand`'s
+/// (linked through postgres-protocol): this runs on the hot path, in a few arithmetic steps.
 pub fn random_below(span: u16) -> u16 {
     use std::sync::atomic::Ordering::Relaxed;
     let mut state = RANDOM_STATE.load(Relaxed);

@@ -130,7 +130,7 @@ impl EtcdRegistry {
         };
         let password = match (&parsed.password, &options.password_file) {
             (Some(p), _) => Some(p.clone()),
-            (None, Some(file)) => Some(super::read_password_file(file)?),
+            (None, Some(file)) => Some(super::read_password_file(file, options.effective_uid)?),
             (None, None) => None,
         };
         let credentials = match (parsed.user.is_empty(), password) {
