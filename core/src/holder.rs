@@ -206,7 +206,7 @@ pub enum AfterReply {
 /// The result of one event: `N` is what may come after it ([`Begin`], [`AfterReply`], or
 /// for [`Holder::on_recorded`] the wait in ms before the next step).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step<N> {
+pub struct Decision<N> {
     /// To apply, in order.
     pub effects: Vec<Effect>,
     /// Then this.
@@ -358,7 +358,12 @@ impl Holder {
     /// Begins a step: a claim, or a renewal of the held id. `fresh` is a new random token
     /// (None: no random bytes could be read); `usable_lead_ms` how far ahead of the clock a
     /// claim's floor may be ([`ClaimTiming::usable_floor_lead_ms`]).
-    pub fn begin(&mut self, now: Now, fresh: Option<String>, usable_lead_ms: i64) -> Step<Begin> {
+    pub fn begin(
+        &mut self,
+        now: Now,
+        fresh: Option<String>,
+        usable_lead_ms: i64,
+    ) -> Decision<Begin> {
         let mut effects = Vec::new();
         self.in_flight = None;
         self.recording = None;
@@ -396,7 +401,7 @@ impl Holder {
                 "Could not read random bytes for a claim token.",
                 0,
             );
-            return Step {
+            return Decision {
                 effects,
                 next: Begin::Wait(timing.heartbeat_ms()),
             };
@@ -436,7 +441,7 @@ impl Holder {
             },
             None => Begin::Claim(request),
         };
-        Step { effects, next }
+        Decision { effects, next }
     }
 
     /// The registry's reply to the request in flight, or why the request failed.
@@ -444,11 +449,11 @@ impl Holder {
         &mut self,
         reply: Result<(Reply, Observed), String>,
         now: Now,
-    ) -> Step<AfterReply> {
+    ) -> Decision<AfterReply> {
         let mut effects = Vec::new();
         let heartbeat = self.settings.timing.heartbeat_ms();
         let Some(in_flight) = self.in_flight.take() else {
-            return Step {
+            return Decision {
                 effects,
                 next: AfterReply::Wait(heartbeat),
             };
@@ -460,14 +465,14 @@ impl Holder {
             None => match self.on_claim(&mut effects, &in_flight, reply, now) {
                 Ok(wait) => wait,
                 Err(last) => {
-                    return Step {
+                    return Decision {
                         effects,
                         next: AfterReply::Record(last),
                     }
                 }
             },
         };
-        Step {
+        Decision {
             effects,
             next: AfterReply::Wait(wait),
         }
@@ -770,11 +775,11 @@ impl Holder {
 
     /// The claim file of a grant was written (or not): the grant is used, or given back.
     /// Then the next step begins after `next` ms.
-    pub fn on_recorded(&mut self, written: Result<(), String>, now: Now) -> Step<u64> {
+    pub fn on_recorded(&mut self, written: Result<(), String>, now: Now) -> Decision<u64> {
         let mut effects = Vec::new();
         let heartbeat = self.settings.timing.heartbeat_ms();
         let Some(grant) = self.recording.take() else {
-            return Step {
+            return Decision {
                 effects,
                 next: heartbeat,
             };
@@ -784,7 +789,7 @@ impl Holder {
             let why = format!("could not write {}: {e}", crate::durable::CLAIM_FILE);
             effects.push(Effect::ClaimFileFailed(why.clone()));
             self.report(&mut effects, ClaimStatus::Refused, &why, 0);
-            return Step {
+            return Decision {
                 effects,
                 next: heartbeat,
             };
@@ -832,7 +837,7 @@ impl Holder {
             own: grant.own,
             floor_unix_ms: floor,
         });
-        Step {
+        Decision {
             effects,
             next: wait,
         }

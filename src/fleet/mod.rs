@@ -122,7 +122,7 @@ pub extern "C-unwind" fn snowflake_registry_main(_arg: pg_sys::Datum) {
         }
     };
     loop {
-        let wait_ms = worker.step(&mut client);
+        let wait_ms = worker.heartbeat(&mut client);
         if !runner::wait(Duration::from_millis(wait_ms)) {
             break;
         }
@@ -193,12 +193,12 @@ struct Worker {
 
 impl Worker {
     /// One claim or renewal. Returns how long to wait before the next (ms).
-    fn step(&mut self, client: &mut Runner) -> u64 {
-        let step = self
+    fn heartbeat(&mut self, client: &mut Runner) -> u64 {
+        let decision = self
             .holder
             .begin(now(), random_hex(), gucs::usable_floor_lead_ms());
-        self.apply(step.effects, client);
-        let reply = match step.next {
+        self.apply(decision.effects, client);
+        let reply = match decision.next {
             Begin::Claim(request) => client
                 .claim(&request)
                 .map(|(reply, observed)| (Reply::Claim(reply), observed)),
@@ -211,17 +211,17 @@ impl Worker {
                 .map(|(reply, observed)| (Reply::Renew(reply), observed)),
             Begin::Wait(ms) => return ms,
         };
-        let step = self.holder.on_reply(reply.map_err(|e| e.0), now());
-        self.apply(step.effects, client);
-        let last = match step.next {
+        let decision = self.holder.on_reply(reply.map_err(|e| e.0), now());
+        self.apply(decision.effects, client);
+        let last = match decision.next {
             AfterReply::Wait(ms) => return ms,
             AfterReply::Record(last) => last,
         };
         // The floor is durable before the claim is used: no restart loses it.
         let written = durable::write_last_claim(&data_dir(), &last).map_err(|e| e.to_string());
-        let step = self.holder.on_recorded(written, now());
-        self.apply(step.effects, client);
-        step.next
+        let decision = self.holder.on_recorded(written, now());
+        self.apply(decision.effects, client);
+        decision.next
     }
 
     /// At shutdown: stops the generator, then gives the claim back with the highest
