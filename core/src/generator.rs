@@ -142,6 +142,33 @@ pub enum Next {
     },
 }
 
+/// What the generator needs before it can issue: every [`Next`] but `Issued`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// A durable lease covering the next ID's timestamp (ms since the epoch).
+    Lease {
+        /// The timestamp the next ID would have.
+        timestamp: EpochMs,
+    },
+    /// The wall clock at this millisecond since the epoch.
+    Clock {
+        /// Wall-clock millisecond (since the epoch) to wait for.
+        wall_ms: EpochMs,
+    },
+}
+
+impl Next {
+    /// The run issued, or what the generator needs before it can issue.
+    #[inline]
+    pub fn issued(self) -> Result<Issued, Need> {
+        match self {
+            Next::Issued(run) => Ok(run),
+            Next::NeedLease { timestamp, .. } => Err(Need::Lease { timestamp }),
+            Next::WaitUntil { wall_ms } => Err(Need::Clock { wall_ms }),
+        }
+    }
+}
+
 /// Issued IDs: `count` consecutive sequence numbers from `sequence` in one millisecond.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Issued {

@@ -20,7 +20,7 @@ use crate::server::errors::{self, SnowflakeError};
 use crate::server::gucs;
 use crate::server::rows::Int8Array;
 use snowflake_core::generator::{
-    ClockPolicy, GenerateError, Generator, Issued, Next, RANDOM_START_SPAN,
+    ClockPolicy, GenerateError, Generator, Issued, Need, Next, RANDOM_START_SPAN,
 };
 use snowflake_core::layout::{self, Epoch, EpochMs, Parts, UnixMs};
 use snowflake_core::settings::{check_epoch_at, Config};
@@ -47,7 +47,7 @@ pub(crate) fn fill_batch(config: &Config, ids: &mut Int8Array) -> errors::Result
     let bulk = ids.remaining() > 4096;
     drive(config, bulk, |g, wall, policy, node| {
         let want = ids.remaining().min(4096) as u16;
-        let run = match issued(g.next_run(wall, policy, want, false)?) {
+        let run = match g.next_run(wall, policy, want, false)?.issued() {
             Ok(run) => run,
             Err(need) => return Ok(Took::Wait(need)),
         };
@@ -62,7 +62,7 @@ pub(crate) fn fill_batch(config: &Config, ids: &mut Int8Array) -> errors::Result
     })
 }
 
-/// What one attempt under the generator's lock asks the caller to do next.
+/// What one attempt under the generator's lock asks `drive` to do next.
 enum Pending {
     /// Everything wanted was issued.
     Done,
@@ -80,7 +80,8 @@ enum Pending {
     NoWatermarkSlot,
 }
 
-/// What `take` did with the generator in one attempt.
+/// What a caller's `take` did with the generator in one attempt (it issues into its own
+/// result as it goes).
 enum Took {
     /// Everything wanted is issued.
     All,
@@ -90,25 +91,6 @@ enum Took {
     Wait(Need),
 }
 
-/// What the generator needs before it can issue: every [`Next`] but `Issued`.
-#[derive(Debug, Clone, Copy)]
-enum Need {
-    /// A durable lease covering the next ID's timestamp (ms since the epoch).
-    Lease { timestamp: EpochMs },
-    /// The wall clock at this millisecond since the epoch.
-    Clock { wall_ms: EpochMs },
-}
-
-/// Splits a generator decision into the run it issued or what it needs instead.
-#[inline]
-fn issued(next: Next) -> Result<Issued, Need> {
-    match next {
-        Next::Issued(run) => Ok(run),
-        Next::NeedLease { timestamp, .. } => Err(Need::Lease { timestamp }),
-        Next::WaitUntil { wall_ms } => Err(Need::Clock { wall_ms }),
-    }
-}
-
 /// Most lease renewals one call makes in a row without issuing anything. Each renewal
 /// widens the next one (see `durable::lease_reach_ms`), so even storage slower than the
 /// window needs two; more means renewals keep taking longer than a widened lease.
@@ -116,13 +98,15 @@ const MAX_RENEWALS_PER_CALL: u32 = 8;
 
 /// One attempt under the generator's lock: read the clock once, let `take` issue what it
 /// can, and decide (rate-limited, server-wide) whether clock events need a WARNING, which is
-/// emitted after the lock is released.
+/// emitted after the lock is released. With a random sequence start, each attempt draws
+/// where a new millisecond would begin.
 #[inline]
 fn attempt(
     config: &Config,
     policy: ClockPolicy,
+    random_start: bool,
     bulk: bool,
-    take: &mut impl FnMut(&mut Generator, EpochMs, Node) -> Result<Took, GenerateError>,
+    take: &mut impl FnMut(&mut Generator, EpochMs, ClockPolicy, Node) -> Result<Took, GenerateError>,
 ) -> (Pending, Option<errors::ClockWarning>) {
     let mut shared = shmem::GENERATOR.exclusive();
     if let Some(lsn) = lease::unconfirmed(&mut shared) {
@@ -133,8 +117,16 @@ fn attempt(
     if !watermark::hold(&shared.generator, node) {
         return (Pending::NoWatermarkSlot, None);
     }
+    let policy = if random_start {
+        ClockPolicy {
+            first_sequence: server::random_below(RANDOM_START_SPAN),
+            ..policy
+        }
+    } else {
+        policy
+    };
     let pending = match config.epoch.timestamp_of(UnixMs(now)) {
-        Ok(wall) => match take(&mut shared.generator, wall, node) {
+        Ok(wall) => match take(&mut shared.generator, wall, policy, node) {
             Ok(Took::All) => Pending::Done,
             Ok(Took::Part) => Pending::More,
             Ok(Took::Wait(next)) => Pending::Act(next),
@@ -193,21 +185,9 @@ fn drive(
 ) -> errors::Result<()> {
     let policy = gucs::clock_policy();
     let random_start = gucs::random_sequence_start();
-    // With a random start, each attempt draws where a new millisecond would begin.
-    let mut take = |g: &mut Generator, wall: EpochMs, node: Node| {
-        let policy = if random_start {
-            ClockPolicy {
-                first_sequence: server::random_below(RANDOM_START_SPAN),
-                ..policy
-            }
-        } else {
-            policy
-        };
-        take(g, wall, policy, node)
-    };
     let mut renewals = 0;
     loop {
-        let (pending, warning) = attempt(config, policy, bulk, &mut take);
+        let (pending, warning) = attempt(config, policy, random_start, bulk, &mut take);
         if let Some(w) = warning {
             w.report();
         }
@@ -260,7 +240,7 @@ fn drive_one(
 ) -> errors::Result<(Node, Issued)> {
     let mut one = None;
     drive(config, false, |g, wall, policy, node| {
-        match issued(next(g, wall, policy)?) {
+        match next(g, wall, policy)?.issued() {
             Ok(run) => {
                 one = Some((node, run));
                 Ok(Took::All)
