@@ -152,3 +152,59 @@ impl EtcdRegistry {
 /// Reads and writes a byte stream (plain or TLS).
 trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snowflake_core::claim::{ClaimTiming, RequestTokens};
+
+    const TTL_MS: u64 = 10_000;
+
+    fn clock(date_unix_ms: i64) -> Clock {
+        Clock {
+            sample: ClockSample {
+                sent_unix_ms: date_unix_ms,
+                received_unix_ms: date_unix_ms,
+                registry_unix_ms: date_unix_ms + HTTP_DATE_RESOLUTION_MS / 2,
+                registry_resolution_ms: HTTP_DATE_RESOLUTION_MS,
+            },
+            received_at: std::time::Instant::now(),
+            date_unix_ms,
+        }
+    }
+
+    fn sent_at(sent_unix_ms: i64) -> ClaimRequest {
+        ClaimRequest {
+            datacenter_id: 0,
+            order: vec![0],
+            tokens: RequestTokens {
+                held: Vec::new(),
+                write: String::new(),
+            },
+            ttl_ms: TTL_MS,
+            sent_unix_ms,
+            cap_unix_ms: sent_unix_ms,
+            epoch_unix_ms: 0,
+            fleet_ttl_ms: 0,
+        }
+    }
+
+    /// The `Date` header names a whole second: a request is refused as ahead only if it is
+    /// ahead of the second's end, and as stale only if it is stale at the second's start.
+    #[test]
+    fn request_age_is_judged_on_the_safe_side_of_the_second() {
+        let timing = ClaimTiming::new(TTL_MS);
+        let (lead, age) = (timing.max_request_lead_ms(), timing.max_request_age_ms());
+        let c = clock(1_000_000);
+        assert_eq!(c.latest() - c.earliest(), HTTP_DATE_RESOLUTION_MS);
+        let age_of = |sent: i64| c.request_age(&sent_at(sent));
+        assert_eq!(age_of(c.latest() + lead), RequestAge::Fresh);
+        assert_eq!(age_of(c.latest() + lead + 1), RequestAge::Ahead);
+        // Ahead of the second's start, not of its end: fresh.
+        assert_eq!(age_of(c.earliest() + lead + 1), RequestAge::Fresh);
+        assert_eq!(age_of(c.earliest() - age), RequestAge::Fresh);
+        assert_eq!(age_of(c.earliest() - age - 1), RequestAge::Stale);
+        // Stale at the second's end, not at its start: fresh.
+        assert_eq!(age_of(c.latest() - age - 1), RequestAge::Fresh);
+    }
+}
