@@ -72,10 +72,13 @@ import psycopg
 
 import harness
 from harness import Cluster, as_postgres
-from registries import free_ports, signal_process
-from test_registry import TTL, Coordinator, Redis, alive, kill_server, node, wait_claimed
+from fixtures.registries import free_ports, signal_process
+from fixtures.clusters import TTL, node
+from fixtures.ids import TWITTER_EPOCH_MS, decode
+from fixtures.processes import alive, kill_server, postmaster_pid, registry_worker_pid, signal_pending
+from fixtures.registries import Coordinator, Redis
+from fixtures.waits import wait_claimed
 
-TWITTER_EPOCH_MS = 1288834974657
 WORKERS_PER_DC = 32
 
 
@@ -88,13 +91,8 @@ def ttl_ms_of(ttl):
     return int(t)
 
 
-def decode(i, epoch_ms=TWITTER_EPOCH_MS):
-    """(unix_ms, datacenter, worker, sequence) of an ID (Twitter's layout)."""
-    return ((i >> 22) + epoch_ms, (i >> 17) & 31, (i >> 12) & 31, i & 4095)
-
-
 def describe(i):
-    ms, dc, w, seq = decode(i)
+    ms, dc, w, seq = decode(i, TWITTER_EPOCH_MS)
     stamp = time.strftime("%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
     return f"{i} (ts {stamp} = {ms}, dc {dc}, worker {w}, seq {seq})"
 
@@ -374,7 +372,7 @@ def procs_in(datadir):
 
 
 def signal_node(c, sig):
-    """test_registry.kill_server (the postmaster, then its children), then every other
+    """fixtures.processes.kill_server (the postmaster, then its children), then every other
     process of the server (a child forked meanwhile, or one gone before its signal)."""
     try:
         pids = kill_server(c, sig)
@@ -386,45 +384,12 @@ def signal_node(c, sig):
     return pids + more
 
 
-def signal_pending(pid, sig):
-    """Whether `sig` is pending for `pid` (sent, not yet handled: the process is stopped)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            masks = [int(line.split()[1], 16) for line in f
-                     if line.startswith(("SigPnd:", "ShdPnd:"))]
-    except (OSError, ValueError, IndexError):
-        return False
-    return any(m & (1 << (int(sig) - 1)) for m in masks)
-
-
 def send(pid, sig):
     try:
         os.kill(pid, sig)
         return True
     except ProcessLookupError:
         return False
-
-
-def postmaster_pid(c):
-    try:
-        with open(os.path.join(c.data, "postmaster.pid")) as f:
-            return int(f.readline())
-    except (OSError, ValueError):
-        return None
-
-
-def registry_worker_pid(c):
-    """The registry worker ("postgres: snowflake registry"; not in pg_stat_activity: it has no
-    database connection)."""
-    pm = postmaster_pid(c)
-    if not pm:
-        return None
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pm)], capture_output=True,
-                         text=True).stdout
-    for line in out.splitlines():
-        if "snowflake registry" in line:
-            return int(line.split()[0])
-    return None
 
 
 def is_postgres(pid):
@@ -436,7 +401,7 @@ def is_postgres(pid):
 
 
 # ----------------------------------------------------------------------------------------
-# Registries (variants of test_registry's, with persistence, copies and fake holders)
+# Registries (variants of fixtures.registries' servers, with persistence, copies and fake holders)
 
 class RespClient:
     """A minimal Redis client (RESP over a socket) for the fake holders' refresher."""
@@ -524,7 +489,7 @@ return 1
 
 
 class ChaosRedis(Redis):
-    """test_registry.Redis with its dump file in a directory of its own: copies of it can be
+    """fixtures.registries.Redis with its dump file in a directory of its own: copies of it can be
     kept (SAVE), and it can be started from the current dump, an older copy, or nothing."""
 
     kind = "redis"
@@ -660,7 +625,7 @@ ON CONFLICT (datacenter_id, worker_id) DO UPDATE
 
 
 class ChaosCoordinator(Coordinator):
-    """test_registry.Coordinator that commits asynchronously with a lazy WAL writer, so that a
+    """fixtures.registries.Coordinator that commits asynchronously with a lazy WAL writer, so that a
     crash restart (same postmaster start time) loses the last commits; copies are taken with
     pg_basebackup while it runs."""
 

@@ -24,6 +24,7 @@ import urllib.request
 
 import psycopg
 
+from fixtures.processes import alive
 from harness import BASE, HANG_GUARD, PG_BIN, wait_until
 
 PROCESS_ENV = {
@@ -56,14 +57,6 @@ def http_get(url, timeout=1.0):
         return e.code, e.read()
     except (OSError, ValueError):
         return None, None
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def processes_under(root):

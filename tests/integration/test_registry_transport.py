@@ -28,8 +28,8 @@ import threading
 import unittest
 
 from harness import BASE, Cluster, wait_until
-from registries import EtcdCluster, free_port, make_test_ca, _fresh
-from test_registry import wait_claimed
+from fixtures.registries import EtcdCluster, free_port, make_test_ca, _fresh
+from fixtures.waits import wait_claimed
 
 PASSWORD = "Tr4nsp0rt-S3cret"
 
