@@ -1665,6 +1665,12 @@ class Writer(threading.Thread):
             self._error("client")
             self._drop()
             return False
+        self.record(sent, ack, op, got)
+        return True
+
+    def record(self, sent, ack, op, got):
+        """Records an acknowledged request of this writer's session: what the checker reads
+        (test_chaos_checker feeds it histories through here)."""
         self.r_off.append(len(self.run_start))
         if op == "block":
             self._add_run(got, 8)
@@ -1678,7 +1684,6 @@ class Writer(threading.Thread):
         self.r_ack.append(ack)
         self.r_sess.append(self.sess)
         self.last_t = ack
-        return True
 
     def run(self):
         self.first_t = time.monotonic_ns()
