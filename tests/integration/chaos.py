@@ -71,7 +71,7 @@ from collections import Counter, defaultdict
 import psycopg
 
 import harness
-from harness import Cluster, as_postgres
+from harness import Cluster, as_postgres, wait_until
 from fixtures.registries import free_ports, signal_process
 from fixtures.clusters import TTL, node
 from fixtures.ids import TWITTER_EPOCH_MS, decode
@@ -684,10 +684,8 @@ class ChaosCoordinator(Coordinator):
         except Exception:  # noqa: BLE001
             pass
         if walwriter:
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and alive(walwriter) \
-                    and not signal_pending(walwriter, signal.SIGQUIT):
-                time.sleep(0.01)
+            wait_until(lambda: not alive(walwriter) or signal_pending(walwriter, signal.SIGQUIT),
+                       timeout=5, poll=0.01, fail=False)
             send(walwriter, signal.SIGCONT)
         return pid
 
@@ -958,12 +956,8 @@ class ChaosEtcd:
                     self.stopped[i] = False
             else:
                 self._spawn(i)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ready():
-                return
-            time.sleep(0.05)
-        raise RuntimeError("etcd: no leader")
+        if not wait_until(self.ready, timeout=timeout, fail=False):
+            raise RuntimeError("etcd: no leader")
 
     def _signal(self, i, sig):
         signal_process(self.procs[i], sig)
@@ -1189,11 +1183,8 @@ class ChaosSentinel:
             return None
 
     def _wait(self, cond, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return True
-            time.sleep(0.05)
+        if wait_until(cond, timeout=timeout, fail=False):
+            return True
         if what:
             raise RuntimeError(f"sentinel set: {what}")
         return False
@@ -1766,16 +1757,12 @@ class Schedule:
         n.up = True
 
     def _start_after_kill(self, n, pids):
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(alive(p) for p in pids):
-            time.sleep(0.05)
+        wait_until(lambda: not any(alive(p) for p in pids), timeout=15, fail=False)
         for _ in range(3):
             left = procs_in(n.cluster.data)
             for p in left:  # children forked after the kill (a crash restart in progress)
                 send(p, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and any(alive(p) for p in left):
-                time.sleep(0.05)
+            wait_until(lambda: not any(alive(p) for p in left), timeout=10, fail=False)
             for stale in ([os.path.join(n.cluster.data, "postmaster.pid")]
                           + glob.glob(os.path.join(n.cluster.dir, ".s.PGSQL.*"))):
                 try:
@@ -1856,15 +1843,14 @@ class Schedule:
     def _wait_settled(self, n, timeout=60):
         """The node's claimed worker id, or 'exhausted' when every id is taken (fewer free
         ids than nodes)."""
-        deadline = time.monotonic() + timeout
-        st = None
-        while time.monotonic() < deadline:
-            st, w = self._claim_state(n)
-            if st == "held":
-                return w
-            if st == "exhausted":
-                return st
-            time.sleep(0.1)
+        state = [None, None]
+
+        def settled():
+            state[:] = self._claim_state(n)
+            return state[0] in ("held", "exhausted")
+        if wait_until(settled, timeout=timeout, poll=0.1, fail=False):
+            return state[1] if state[0] == "held" else state[0]
+        st = state[0]
         raise RuntimeError(f"{n.name}: no claim, last status {st}\n{n.cluster.log()[-2000:]}")
 
     def fake_ttl(self):
@@ -2199,8 +2185,11 @@ class Schedule:
                         dbname="postgres", autocommit=True, connect_timeout=2)
                 except Exception:  # noqa: BLE001
                     pass
-            deadline = time.monotonic() + p["watch"]
-            while time.monotonic() < deadline and not done.is_set():
+            taker = []
+
+            def taken():
+                if done.is_set():
+                    return True
                 for n in waiters:
                     conn = conns.get(n.name)
                     if conn is None:
@@ -2210,8 +2199,12 @@ class Schedule:
                         conns.pop(n.name, None)
                         continue
                     if st == "held" and w == worker:
-                        return self._then(n, ev)
-                time.sleep(0.01)
+                        taker.append(n)
+                        return True
+                return False
+            wait_until(taken, timeout=p["watch"], poll=0.01, fail=False)
+            if taker:
+                return self._then(taker[0], ev)
             self.say(f"  handover #{ev.seq}: no waiting node took worker {worker}")
         finally:
             for c in conns.values():
@@ -2264,10 +2257,8 @@ class Schedule:
                     self.registry.free(self.plan.datacenter, f"temp-{ev.seq}")
                     return clone
                 extra = (clone, filler)
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline and \
-                        self._claim_state(clone)[0] not in ("exhausted", "held"):
-                    time.sleep(0.05)
+                wait_until(lambda: self._claim_state(clone)[0] in ("exhausted", "held"),
+                           timeout=15, fail=False)
                 if self._claim_state(clone)[0] != "exhausted":
                     return "skipped: the clone did not wait for an id"
                 waiters = [clone]
@@ -2491,17 +2482,14 @@ class Schedule:
 
     def cooldown(self):
         """Waits until every live node issues again (or 10 claim_ttl), then stops the writers."""
-        deadline = time.monotonic() + 10 * self.plan.ttl_ms / 1000.0
         live = [n for n in self.nodes.values() if not n.retired]
         # Every live node issues again, but with fewer free ids than nodes some must wait.
         expected = min(len(live), self.plan.free_count)
 
         def issuing(n):
             return any(len(w.r_ack) and w.r_ack[-1] > self.heal_at for w in n.writers)
-        while time.monotonic() < deadline:
-            if sum(1 for n in live if issuing(n)) >= expected:
-                break
-            time.sleep(0.1)
+        wait_until(lambda: sum(1 for n in live if issuing(n)) >= expected,
+                   timeout=10 * self.plan.ttl_ms / 1000.0, poll=0.1, fail=False)
         time.sleep(0.5)
         self.recovered = {n.name: issuing(n) for n in live}
         self.recovered_expected = expected

@@ -65,11 +65,9 @@ def after_renewal(c, timeout=HANG_GUARD):
     with c.connect() as conn:
         query = "SELECT claim_expires_at FROM snowflake_stats()"
         first = conn.execute(query).fetchone()[0]
-        deadline = time.monotonic() + timeout
-        while conn.execute(query).fetchone()[0] == first:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{c.name}: no renewal in {timeout} s")
-            time.sleep(0.005)
+        if not wait_until(lambda: conn.execute(query).fetchone()[0] != first, timeout=timeout,
+                          poll=0.005, fail=False):
+            raise AssertionError(f"{c.name}: no renewal in {timeout} s")
     return time.monotonic()
 
 

@@ -369,16 +369,19 @@ def supported(uri):
     verdict = False
     if up_ok:
         c.sql("CREATE EXTENSION IF NOT EXISTS snowflake")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        decided = [False]
+
+        def tried():
             e = claim_error(c)
             text = error_text(e).lower() if e else ""
             if any(m in text for m in UNSUPPORTED_MARKERS) or "unsupported registry uri" in c.log().lower():
-                break
+                return True
             if e is not None and "has not claimed a worker id yet" not in text:
-                verdict = True  # it tried to reach the registry
-                break
-            time.sleep(0.1)
+                decided[0] = True  # it tried to reach the registry
+                return True
+            return False
+        wait_until(tried, timeout=10, poll=0.1, fail=False)
+        verdict = decided[0]
     _probe["cache"][key] = verdict
     return verdict
 
