@@ -302,7 +302,7 @@ class HostileRegistryTest(unittest.TestCase):
         # No process holds the shared memory now (PostgreSQL refuses to start while one
         # does: the old worker kept it). The killed postmaster itself stays a zombie where
         # nothing reaps orphans (this machine's init), and PostgreSQL takes the zombie's pid
-        # in postmaster.pid for a live postmaster: remove the stale files, as chaos.py does.
+        # in postmaster.pid for a live postmaster: remove the stale files, as the chaos campaign does.
         for stale in [os.path.join(self.node.data, "postmaster.pid")] + glob.glob(
                 os.path.join(self.node.dir, ".s.PGSQL.*")):
             try:
