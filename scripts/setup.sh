@@ -35,7 +35,7 @@ PACKAGES=(
 )
 if [ "$setup_for" != build ]; then
     PACKAGES+=(
-        sudo faketime libfaketime python3-psycopg python3-pip openssl lintian unzip
+        sudo faketime libfaketime python3-psycopg python3-redis python3-pip openssl lintian unzip
         redis-server redis-sentinel patroni etcd-server etcd-client
     )
 fi

@@ -4,11 +4,11 @@ persistence, copies and fake holders)."""
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 
 import psycopg
+import redis
 
 import harness
 from fixtures.processes import alive, signal_pending
@@ -20,56 +20,22 @@ from .processes import send
 
 
 class RespClient:
-    """A minimal Redis client (RESP over a socket) for the fake holders' refresher."""
+    """A connection to a Redis server or sentinel whose replies come back as RESP has them
+    (python3-redis's Connection, without the client class's per-command parsing): "+OK" as
+    "OK", integers, strings, lists, None; an error reply raises. For the fake holders'
+    refresher and the Sentinel set's probes."""
 
     def __init__(self, port, timeout=1.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
+        self.conn = redis.Connection(host="127.0.0.1", port=port, socket_timeout=timeout,
+                                     socket_connect_timeout=timeout, decode_responses=True)
+        self.conn.connect()
 
     def close(self):
-        self.sock.close()
+        self.conn.disconnect()
 
     def call(self, *args):
-        out = [f"*{len(args)}\r\n".encode()]
-        for a in args:
-            b = str(a).encode()
-            out.append(f"${len(b)}\r\n".encode() + b + b"\r\n")
-        self.sock.sendall(b"".join(out))
-        return self._reply()
-
-    def _line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("redis closed the connection")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
-
-    def _reply(self):
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            while len(self.buf) < n + 2:
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    raise ConnectionError("redis closed the connection")
-                self.buf += chunk
-            data, self.buf = self.buf[:n], self.buf[n + 2:]
-            return data.decode()
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._reply() for _ in range(n)]
-        raise RuntimeError(f"unexpected reply {line!r}")
+        self.conn.send_command(*(str(a) for a in args))
+        return self.conn.read_response()
 
 
 FAKE_REDIS_LUA = """
