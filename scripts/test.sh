@@ -68,6 +68,9 @@ fi
 log "cargo fmt --check"
 cargo fmt --check
 
+log "The Python and the shell: ruff and shellcheck (scripts/lint.sh)"
+"$REPO_ROOT/scripts/lint.sh"
+
 log "The pure core: cargo clippy and cargo test (no PostgreSQL needed)"
 cargo clippy -p snowflake-core --all-targets -- -D warnings
 cargo test -p snowflake-core

@@ -140,7 +140,8 @@ def report_figure(name: str, text: str) -> None:
     `<test id>\t<name>\t<text>` to BASE/figures.tsv, which the test command prints at the
     end of the run. Called from a thread outside the test, the line has the name alone in
     place of the test id."""
-    clean = lambda v: " ".join(str(v).split())  # one line, no tabs
+    def clean(v):
+        return " ".join(str(v).split())  # one line, no tabs
     test_id = _current_test_id()
     print(f"\nfigure: {test_id or ''} {name}: {text}", flush=True)
     os.makedirs(BASE, exist_ok=True)

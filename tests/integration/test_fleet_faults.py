@@ -108,7 +108,7 @@ def last_claim(c):
     lines = c.log().splitlines()
     for i in range(len(lines) - 1, -1, -1):
         if "snowflake: claimed worker id" in lines[i]:
-            return " / ".join(l.split("  ", 1)[-1] for l in lines[i:i + 2])
+            return " / ".join(line.split("  ", 1)[-1] for line in lines[i:i + 2])
     return None
 
 
