@@ -79,13 +79,16 @@ FOUND = ("duplicates", "session_order_violations", "overlap_violations")
 
 class ChaosChecker(unittest.TestCase):
 
-    def found(self, result):
-        return {k: result[k] for k in FOUND}
+    def assert_found(self, result, **counts):
+        """The checker found exactly these violations (none: the history passes)."""
+        want = dict.fromkeys(FOUND, 0)
+        want.update(counts)
+        self.assertEqual({k: result[k] for k in FOUND}, want, chaos.human(result))
+        self.assertEqual(result["ok"], not counts)
 
     def test_a_clean_history_passes(self):
         result = clean().check()
-        self.assertTrue(result["ok"], result)
-        self.assertEqual(self.found(result), dict.fromkeys(FOUND, 0))
+        self.assert_found(result)
         self.assertEqual(result["node_order_regressions"], {})
         # Every ID was looked at: 20 + 20 * 50 + 8 + 2 * 4096 + 1 + 8.
         self.assertEqual(result["ids_checked"], 20 + 1000 + 8 + 8192 + 1 + 8)
@@ -97,9 +100,7 @@ class ChaosChecker(unittest.TestCase):
         # order is broken, only uniqueness).
         h.ack("n2", 0.3, 0.32, "next", [id_of(MS0 + 30, 1, 0)], session=2)
         result = h.check()
-        self.assertFalse(result["ok"])
-        self.assertEqual(self.found(result), {"duplicates": 1, "session_order_violations": 0,
-                                              "overlap_violations": 0})
+        self.assert_found(result, duplicates=1)
         self.assertEqual(result["duplicates_across_nodes"], 1)
         example = result["duplicate_examples"][0]
         self.assertTrue(example["id"].startswith(f"{id_of(MS0 + 30, 1, 0)} "), example)
@@ -111,8 +112,7 @@ class ChaosChecker(unittest.TestCase):
         # n1 (a restart that reissued them), its request overlapping n1's first one.
         h.ack("n1", 2.1, 2.12, "block", id_of(MS0 + 300, 1, 5), session=1)
         result = h.check()
-        self.assertFalse(result["ok"])
-        self.assertEqual(result["duplicates"], 3)  # seq 5, 6, 7
+        self.assert_found(result, duplicates=3)  # seq 5, 6, 7
         self.assertEqual(result["duplicates_across_nodes"], 0)
         self.assertEqual(result["duplicate_examples"][0]["count"], 3)
 
@@ -122,9 +122,7 @@ class ChaosChecker(unittest.TestCase):
         # its own worker (2): no ID repeats, but the session saw its IDs decrease.
         h.ack("n2", 2.5, 2.51, "next", [id_of(MS0 + 185, 2, 60)])
         result = h.check()
-        self.assertFalse(result["ok"])
-        self.assertEqual(self.found(result), {"duplicates": 0, "session_order_violations": 1,
-                                              "overlap_violations": 0})
+        self.assert_found(result, session_order_violations=1)
         example = result["session_order_examples"][0]
         self.assertTrue(example["then"].startswith(f"{id_of(MS0 + 185, 2, 60)} "), example)
         self.assertEqual(example["session"][0], "n2")
@@ -136,9 +134,7 @@ class ChaosChecker(unittest.TestCase):
         # floor). No duplicate, no session going backwards: only the real-time order.
         h.ack("n2", 2.5, 2.51, "next", [id_of(MS0 + 305, 1, 0)], session=3)
         result = h.check()
-        self.assertFalse(result["ok"])
-        self.assertEqual(self.found(result), {"duplicates": 0, "session_order_violations": 0,
-                                              "overlap_violations": 1})
+        self.assert_found(result, overlap_violations=1)
         example = result["overlap_examples"][0]
         self.assertEqual((example["earlier"]["node"], example["later"]["node"]), ("n1", "n2"))
 
@@ -150,8 +146,7 @@ class ChaosChecker(unittest.TestCase):
         h.ack("n2", 2.5, 2.51, "next", [id_of(MS0 + 185, 2, 60)], session=4)
         result = h.check()
         self.assertEqual(result["node_order_regressions"], {"n2": 1})
-        self.assertEqual(self.found(result), dict.fromkeys(FOUND, 0))
-        self.assertTrue(result["ok"])
+        self.assert_found(result)
 
     def test_every_violation_at_once(self):
         h = clean()
@@ -159,9 +154,7 @@ class ChaosChecker(unittest.TestCase):
         h.ack("n2", 2.5, 2.51, "next", [id_of(MS0 + 185, 2, 60)])
         h.ack("n2", 2.5, 2.51, "next", [id_of(MS0 + 305, 1, 0)], session=3)
         result = h.check()
-        self.assertFalse(result["ok"])
-        self.assertEqual(self.found(result), {"duplicates": 1, "session_order_violations": 1,
-                                              "overlap_violations": 1})
+        self.assert_found(result, duplicates=1, session_order_violations=1, overlap_violations=1)
         # The report a campaign prints says so.
         self.assertIn("FOUND PROBLEMS", chaos.human(result))
         self.assertNotIn("FOUND PROBLEMS", chaos.human(clean().check()))
@@ -174,7 +167,7 @@ class ChaosChecker(unittest.TestCase):
         w.err_t.append(h.t0 + int(0.95 * S))
         w.errors["55000"] += 1
         result = h.check()
-        self.assertTrue(result["ok"])
+        self.assert_found(result)
         self.assertEqual(result["refusing"]["n1"], {"seconds": 0.1, "longest": 0.1})
         self.assertEqual(result["refusing"]["n2"], {"seconds": 0.0, "longest": 0.0})
         self.assertEqual(result["errors"]["n1"], {"55000": 1})
