@@ -79,14 +79,17 @@ apt_private() {
 # against SHA-256 sums pinned here. The sums come from the archives' signed indexes when
 # each version was current (17.11's .dsc also checks out against debian-keyring: signed by
 # Christoph Berg). Format: base URL, then "file sha256" for the .dsc and its tarballs.
+# shellcheck disable=SC2034 # read through a nameref in fetch_pinned
 pinned_16=("UBUNTU_MIRROR/pool/main/p/postgresql-16"
     "postgresql-16_16.15-0ubuntu0.24.04.1.dsc b0efc56f3d6530672eef604e4b0fc4637892b563d319e571d70de5e49d254ffd"
     "postgresql-16_16.15.orig.tar.gz 4f200ca23dfb120ff9838f13ce06014aad1d3c432d16ee9f93ab2000c0eeef7b"
     "postgresql-16_16.15-0ubuntu0.24.04.1.debian.tar.xz 8a7e856540a2722259d1c43948e8d810fba8ce9bfe161fb686b537adce9be652")
+# shellcheck disable=SC2034 # read through a nameref in fetch_pinned
 pinned_17=("$debian_mirror/pool/main/p/postgresql-17"
     "postgresql-17_17.11-0+deb13u1.dsc bf148ae423a982707c3f60672c3a072ef62b701bd9f5df847d9f4b8c9b3e3b18"
     "postgresql-17_17.11.orig.tar.bz2 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979"
     "postgresql-17_17.11-0+deb13u1.debian.tar.xz 82851f4dfeb372c99b94b412e2e3046a8eee7771098e42ac1fa234bef2611cbd")
+# shellcheck disable=SC2034 # read through a nameref in fetch_pinned
 pinned_18=("$debian_mirror/pool/main/p/postgresql-18"
     "postgresql-18_18.6-3.dsc a4254c4548ebeea683832de193460ee8a9f1271418e884803b44ded1aead1776"
     "postgresql-18_18.6.orig.tar.bz2 555610c24d53e4316da5b7d3fc25c279d96856d5e0e23ee308c328c5fa881d9f"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A long randomized fault campaign for snowflake.worker_id = 'auto' (tests/integration/chaos.py):
+# A long randomized fault campaign for snowflake.worker_id = 'auto' (tests/integration/chaos/):
 # nodes claiming worker ids from Redis, a PostgreSQL coordinator, etcd (three members) or Redis
 # Sentinel (master, replica, three sentinels) under kills, freezes, restarts, clock steps,
 # registry losses (and member losses, failovers) and clones, then a checker over every ID issued.
@@ -79,7 +79,7 @@ use_run_dir
 export SNOWFLAKE_IT_BASE="$SNOWFLAKE_RUN_DIR/chaos"
 log "Chaos campaign: seed $seed, $minutes minutes, registry $registry, PostgreSQL $PG_MAJOR ($PG_BIN); clusters in $SNOWFLAKE_IT_BASE"
 rc=0
-(cd "$REPO_ROOT/tests/integration" && exec /usr/bin/python3 chaos.py --minutes "$minutes" \
+(cd "$REPO_ROOT/tests/integration" && exec /usr/bin/python3 -m chaos --minutes "$minutes" \
     --seed "$seed" --registry "$registry" "${extra[@]}") || rc=$?
 if [ "$rc" = 0 ]; then
     rm -rf "$SNOWFLAKE_RUN_DIR"

@@ -33,10 +33,10 @@ import os
 import re
 import sys
 import unicodedata
-from xml.etree import ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
+from xml.etree import ElementTree
 
 # The README is the manual's front page: past this it should move text into docs/.
 README_MAX_LINES = 400
@@ -226,9 +226,9 @@ def setext_text(lines: list[str], fenced: set[int], underline: int) -> str | Non
     if start == underline:
         return None
     paragraph = lines[start:underline]
-    if NOT_SETEXT_TEXT.match(paragraph[0]) or any(ATX_HEADING.match(l) for l in paragraph):
+    if NOT_SETEXT_TEXT.match(paragraph[0]) or any(ATX_HEADING.match(line) for line in paragraph):
         return None
-    return "\n".join(l.strip() for l in paragraph)
+    return "\n".join(line.strip() for line in paragraph)
 
 
 def anchors_of(text: str, masked: str) -> set[str]:

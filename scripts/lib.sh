@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for the scripts in this directory. Source it; do not run it.
 # Everything runs as root (as CI does); PostgreSQL servers run as the "postgres" OS user,
 # because initdb and pg_ctl refuse root.
@@ -24,8 +25,12 @@ use_major "${PG_MAJOR:-15}"
 export PATH="${HOME}/.cargo/bin:${PATH}"
 # Python libraries from PyPI that Debian 12 lacks (SQLAlchemy 2), for the client examples.
 PYLIB=/opt/snowflake-pylib
+# shellcheck disable=SC2034 # setup.sh's
 SQLALCHEMY_VERSION=2.1.9
 export PYLIB
+# ruff, the Python linter of scripts/lint.sh (from PyPI, pinned; setup.sh installs it here).
+# shellcheck disable=SC2034 # setup.sh's and lint.sh's
+RUFF_DIR=/opt/snowflake-ruff RUFF_VERSION=0.17.5
 
 log() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -52,9 +57,11 @@ require_free_space() {
     if [ "$avail_kib" -lt $((need_gib * 1024 * 1024)) ]; then
         echo "error: $((avail_kib / 1024 / 1024)) GiB free on the file system of $dir; $what needs $need_gib GiB" >&2
         local leftovers
+        # shellcheck disable=SC2010 # mktemp names them: no odd characters
         leftovers="$(ls -d /var/tmp/snowflake-run.* 2>/dev/null | grep -v "^${SNOWFLAKE_RUN_DIR:-none}\$" || true)"
         if [ -n "$leftovers" ]; then
             echo "hint: the clusters and logs kept by earlier failed runs can be deleted:" >&2
+            # shellcheck disable=SC2086 # one word a directory
             du -sh $leftovers >&2 || true
         fi
         exit 1

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The extension's packages: a Debian package per PostgreSQL major
 # (postgresql-<major>-snowflake_<version>-1_<arch>.deb) and a tarball of the same files.
 # Source it after lib.sh, with use_major done; do not run it.

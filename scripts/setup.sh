@@ -36,7 +36,7 @@ PACKAGES=(
 )
 if [ "$setup_for" != build ]; then
     PACKAGES+=(
-        sudo faketime libfaketime python3-psycopg python3-pip openssl lintian unzip
+        sudo faketime libfaketime python3-psycopg python3-redis python3-pip openssl lintian unzip shellcheck
         redis-server redis-sentinel patroni etcd-server etcd-client
     )
 fi
@@ -101,6 +101,14 @@ if ! PYTHONPATH="$PYLIB" /usr/bin/python3 -c "import sqlalchemy, sys; sys.exit(s
     rm -rf "$PYLIB"
     /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
         --target "$PYLIB" "SQLAlchemy==$SQLALCHEMY_VERSION"
+fi
+
+# ruff for scripts/lint.sh (Debian 12 has none), pinned, in a directory of its own.
+if [ "$("$RUFF_DIR/bin/ruff" --version 2>/dev/null || true)" != "ruff $RUFF_VERSION" ]; then
+    log "Installing ruff $RUFF_VERSION into $RUFF_DIR"
+    rm -rf "$RUFF_DIR"
+    /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
+        --target "$RUFF_DIR" "ruff==$RUFF_VERSION"
 fi
 
 # npm's pg driver for examples/node, as its package-lock.json pins it. The machine's Node.js

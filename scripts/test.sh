@@ -69,6 +69,9 @@ fi
 log "cargo fmt --check"
 cargo fmt --check
 
+log "The Python and the shell: ruff and shellcheck (scripts/lint.sh)"
+"$REPO_ROOT/scripts/lint.sh"
+
 log "The pure core: cargo clippy and cargo test (no PostgreSQL needed)"
 cargo clippy -p snowflake-core --all-targets -- -D warnings
 cargo test -p snowflake-core
@@ -121,7 +124,7 @@ print_figures() {
 if [ "$tier" = quick ]; then
     # The integration suites that start few clusters and wait on no lease or TTL (about
     # 3 minutes together); the full tier runs them all.
-    QUICK_SUITES="${QUICK_SUITES:-test_foundation test_hostile test_security test_script_capture test_registry_transport test_fixtures}"
+    QUICK_SUITES="${QUICK_SUITES:-test_foundation test_hostile test_security test_script_capture test_registry_transport test_fixtures test_chaos_checker}"
     use_major "$PG_MAJORS"
     unit_test_major
     # A debug build (the full tier installs the release package), with every released

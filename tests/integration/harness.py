@@ -140,7 +140,8 @@ def report_figure(name: str, text: str) -> None:
     `<test id>\t<name>\t<text>` to BASE/figures.tsv, which the test command prints at the
     end of the run. Called from a thread outside the test, the line has the name alone in
     place of the test id."""
-    clean = lambda v: " ".join(str(v).split())  # one line, no tabs
+    def clean(v):
+        return " ".join(str(v).split())  # one line, no tabs
     test_id = _current_test_id()
     print(f"\nfigure: {test_id or ''} {name}: {text}", flush=True)
     os.makedirs(BASE, exist_ok=True)
@@ -422,17 +423,21 @@ class Cluster:
             return ""
 
 
-def wait_until(condition, timeout=HANG_GUARD, what="the condition"):
-    """Polls `condition` until it is true; fails the test after `timeout` seconds. For
-    states a test waits for (a log line, a backend waiting); a fixed sleep would flake on a
-    loaded machine. Sleeps that let real time pass (past a lease) stay sleeps. The timeout
-    only guards against a hang (HANG_GUARD by default): a bound on speed is a liveness
-    assertion, see wait_live."""
+def wait_until(condition, timeout=HANG_GUARD, what="the condition", poll=0.05, fail=True):
+    """Polls `condition` (every `poll` s) until it is true; fails the test after `timeout`
+    seconds. For states a test waits for (a log line, a backend waiting); a fixed sleep would
+    flake on a loaded machine. Sleeps that let real time pass (past a lease) stay sleeps. The
+    timeout only guards against a hang (HANG_GUARD by default): a bound on speed is a
+    liveness assertion, see wait_live. Returns True; with `fail=False`, a bounded wait whose
+    caller goes on either way (or raises its own error), it returns False at the timeout."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
+            if not fail:
+                return False
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(poll)
+    return True
 
 
 def error_of(conn, query, params=None):

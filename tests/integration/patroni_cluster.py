@@ -18,12 +18,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
 import psycopg
 
+from fixtures.processes import alive
 from harness import BASE, HANG_GUARD, PG_BIN, wait_until
 
 PROCESS_ENV = {
@@ -56,14 +56,6 @@ def http_get(url, timeout=1.0):
         return e.code, e.read()
     except (OSError, ValueError):
         return None, None
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def processes_under(root):
@@ -276,17 +268,13 @@ class PatroniCluster:
                 if pid:
                     os.kill(pid, signal.SIGQUIT)
             # Cleanup: waits (at most HANG_GUARD) and then kills whatever is left.
-            deadline = time.monotonic() + HANG_GUARD
-            while any(n.postmaster_pid() for n in self.nodes) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: not any(n.postmaster_pid() for n in self.nodes), fail=False)
             for pid in processes_under(self.dir):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            deadline = time.monotonic() + HANG_GUARD
-            while any(alive(p) for p in processes_under(self.dir)) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: not any(alive(p) for p in processes_under(self.dir)), fail=False)
             for node in self.nodes:
                 self._remove_orphaned_shm(node)
         if self.etcd_proc is not None:

@@ -1,4 +1,4 @@
-"""A short randomized fault campaign (chaos.py) for snowflake.worker_id = 'auto': fixed seeds,
+"""A short randomized fault campaign (the chaos package) for snowflake.worker_id = 'auto': fixed seeds,
 every registry (Redis, the PostgreSQL coordinator, etcd, Redis Sentinel), about 50 s each (3 nodes, claim_ttl 2 s, all but 3-4 worker ids of the
 datacenter held by fake live servers). The checker must find no ID issued twice, no session
 whose IDs do not increase, and no ID issued by one node under a (datacenter, worker) after a

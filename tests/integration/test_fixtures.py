@@ -18,7 +18,7 @@ import unittest
 
 from harness import PG_MAJOR
 from ports import PortAllocator, bindable, ephemeral_range, free_ports
-from registries import EtcdCluster
+from fixtures.registries import EtcdCluster
 
 FIXTURES_MAJOR = os.environ.get("SNOWFLAKE_FIXTURES_MAJOR", "15")
 # The allocators under test take ports from here: below test_ha's fixed ports and the

@@ -32,9 +32,11 @@ import psycopg
 
 from harness import BASE, HANG_GUARD, PG_MAJOR, Cluster, clock_shim_lib, error_of, \
     report_figure, twin_shim_lib, wait_live, wait_until, write_clock_offset
-from registries import EtcdCluster, wait_started
-from test_registry import Coordinator, Redis, Writer, free_port, ids, kill_server, node, \
-    refusal, wait_claimed, wait_status
+from fixtures.clusters import Writer, node
+from fixtures.ids import duplicates, ids
+from fixtures.processes import kill_server, signal_pending
+from fixtures.registries import Coordinator, EtcdCluster, Redis, free_port, wait_started
+from fixtures.waits import refusal, wait_claimed, wait_status
 
 DC = 1
 WORKERS = 32
@@ -63,11 +65,9 @@ def after_renewal(c, timeout=HANG_GUARD):
     with c.connect() as conn:
         query = "SELECT claim_expires_at FROM snowflake_stats()"
         first = conn.execute(query).fetchone()[0]
-        deadline = time.monotonic() + timeout
-        while conn.execute(query).fetchone()[0] == first:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{c.name}: no renewal in {timeout} s")
-            time.sleep(0.005)
+        if not wait_until(lambda: conn.execute(query).fetchone()[0] != first, timeout=timeout,
+                          poll=0.005, fail=False):
+            raise AssertionError(f"{c.name}: no renewal in {timeout} s")
     return time.monotonic()
 
 
@@ -82,18 +82,6 @@ def in_blocks(block_firsts, values):
     millisecond of one (datacenter, worker), so an ID is in it when its top 52 bits match."""
     keys = {b >> 12 for b in block_firsts}
     return sum(1 for v in values if v >> 12 in keys)
-
-
-def duplicates(*lists):
-    """IDs issued more than once across (and within) the lists."""
-    seen, dup = set(), 0
-    for values in lists:
-        for v in values:
-            if v in seen:
-                dup += 1
-            else:
-                seen.add(v)
-    return dup
 
 
 def kill_a_backend(c):
@@ -115,24 +103,12 @@ def wait_crash_restarted(c, restarts_before, timeout=HANG_GUARD):
     c.one("SELECT 1")  # retries while the server recovers
 
 
-def signal_pending(pid, sig):
-    """Whether `sig` is pending for `pid` (True once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (1 << (sig - 1)):
-                    return True
-    except FileNotFoundError:
-        return True
-    return False
-
-
 def last_claim(c):
     """The node's last "claimed worker id" LOG line and its DETAIL (how it was granted)."""
     lines = c.log().splitlines()
     for i in range(len(lines) - 1, -1, -1):
         if "snowflake: claimed worker id" in lines[i]:
-            return " / ".join(l.split("  ", 1)[-1] for l in lines[i:i + 2])
+            return " / ".join(line.split("  ", 1)[-1] for line in lines[i:i + 2])
     return None
 
 
@@ -480,7 +456,7 @@ class CoordinatorRestoredFromDump(FleetFaultBase):
         wait_until(lambda: len(wr_n.got) > marks + 500, what="N writing")
         self.stop_writers(wr_o, wr_n)
         born_after = k.sql("SELECT born_unix_ms FROM snowflake_registry", dbname="registry")[0][0]
-        dup = duplicates(wr_o.got, wr_n.got)
+        dup = len(duplicates(wr_o.got, wr_n.got))
         report_figure("coordinator restored from pg_dump while it ran", (
             f"claim_ttl {ttl} s; O {len(wr_o.got)} IDs, N {len(wr_n.got)} IDs; N's statuses "
             f"{sorted(seen)}; {dup} duplicates"))
@@ -566,7 +542,7 @@ class CoordinatorCrashRestart(FleetFaultBase):
         pa.mode = "pass"
         time.sleep(0.3)
         self.stop_writers(wr_a, wr_b)
-        dup = duplicates(wr_a.got, wr_b.got)
+        dup = len(duplicates(wr_a.got, wr_b.got))
         self.assertEqual(dup, 0,
                          f"{dup} duplicate IDs: A ({len(wr_a.got)} IDs, worker {wa}) and B "
                          f"({len(wr_b.got)} IDs, worker {wb}); the row of worker {wa} after "
@@ -749,7 +725,7 @@ class RedisFaults(FleetFaultBase):
         wait_claimed(a)
         time.sleep(3)
         self.stop_writers(wr_a)
-        dup = in_blocks(blocks, wr_a.got) + duplicates(wr_a.got)
+        dup = in_blocks(blocks, wr_a.got) + len(duplicates(wr_a.got))
         self.assertEqual(dup, 0, f"{dup} of A's {len(wr_a.got)} IDs repeat IDs of B's "
                                  f"{len(blocks)} reserved blocks (worker {wa}); A's last "
                                  f"claim: {last_claim(a)}")
@@ -830,7 +806,7 @@ class RedisFaults(FleetFaultBase):
                 errors.append(e.sqlstate)
                 time.sleep(0.02)
         conn.close()
-        dup = duplicates(wr_h.got, got_c)
+        dup = len(duplicates(wr_h.got, got_c))
         self.assertEqual(dup, 0, f"{dup} of C's {len(got_c)} IDs (worker {wh}, then "
                                  f"{sorted(set(errors))}) repeat H's ({len(wr_h.got)} IDs)")
 
@@ -880,7 +856,7 @@ class RedisFaults(FleetFaultBase):
         pb.mode = "pass"
         time.sleep(0.3)
         self.stop_writers(wr_b, wr_c)
-        dup = duplicates(wr_b.got, wr_c.got)
+        dup = len(duplicates(wr_b.got, wr_c.got))
         self.assertEqual(dup, 0, f"{dup} duplicate IDs: B ({len(wr_b.got)} IDs, worker {wb}) "
                                  f"and C ({len(wr_c.got)} IDs, worker {wc}); C's statuses: {sorted(seen)}")
         self.assertIn("settling", seen, "the registry did not settle after the failover back to R1")
@@ -951,7 +927,7 @@ class FleetAssumptions(FleetFaultBase):
                    what="C's IDs past H's last timestamp")
         self.stop_writers(wr_c)
         self.assertIn("settling", seen, "C was granted the id without the registry settling")
-        dup = duplicates(wr_h.got, wr_c.got)
+        dup = len(duplicates(wr_h.got, wr_c.got))
         gap_ms = (min(wr_c.got) >> 22) - h_last_ms
         report_figure(what, (
             f"claim_ttl H {ttl_h} s, C {ttl_c} s; registry clock {-jump_ms} ms after its "
@@ -1140,14 +1116,14 @@ class FleetAssumptions(FleetFaultBase):
                              what=f"copies A and B of one server no longer both hold worker {w}")
         except AssertionError as e:
             self.stop_writers(wr_a, wr_b)
-            raise AssertionError(f"{e}; {duplicates(wr_a.got, wr_b.got)} duplicate IDs so far "
+            raise AssertionError(f"{e}; {len(duplicates(wr_a.got, wr_b.got))} duplicate IDs so far "
                                  f"(A {len(wr_a.got)}, B {len(wr_b.got)})") from None
         # Both go on writing (the refused copy under another id, or after a new claim).
         marks = len(wr_a.got), len(wr_b.got)
         wait_until(lambda: len(wr_a.got) > marks[0] + 500 and len(wr_b.got) > marks[1] + 500,
                    what="both copies writing after the refusal")
         self.stop_writers(wr_a, wr_b)
-        dup = duplicates(wr_a.got, wr_b.got)
+        dup = len(duplicates(wr_a.got, wr_b.got))
         logs = a.log() + b.log()
         refused = "a copy of this server made with its memory" in logs
         report_figure(what, (
@@ -1302,7 +1278,7 @@ class FleetAssumptions(FleetFaultBase):
         marks = len(wr_d.got)
         wait_until(lambda: len(wr_d.got) > marks + 500, what="D writing after A stopped")
         self.stop_writers(wr_a, wr_d)
-        dup = duplicates(wr_a.got, wr_d.got)
+        dup = len(duplicates(wr_a.got, wr_d.got))
         gap_ms = (min(v for v in wr_d.got) >> 22) - (max(wr_a.got) >> 22)
         report_figure("memory copy released beside its cut-off original", (
             f"claim_ttl {ttl} s; A {len(wr_a.got)} IDs, D {len(wr_d.got)} IDs; D's first "

@@ -8,8 +8,6 @@ import os
 import re
 import unittest
 
-import psycopg
-
 from harness import Cluster, error_of, wait_until
 
 PRELOAD = "'snowflake'"

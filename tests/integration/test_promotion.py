@@ -18,7 +18,7 @@ import psycopg
 
 from harness import (HANG_GUARD, BatchClient, assert_live, report_figure, timed_one,
                      wait_until)
-from test_replication import start_pair
+from fixtures.clusters import start_pair
 
 
 def note(text):

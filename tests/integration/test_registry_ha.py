@@ -38,8 +38,11 @@ import psycopg
 
 from harness import (BASE, HANG_GUARD, LAG_HISTORY_S, LAG_STEPS, PG_MAJOR, Cluster,
                      liveness_bound, report_figure, scheduling_delay, wait_live, wait_until)
-from registries import (CoordinatorPair, EtcdCluster, PasswordRedis, SentinelSet, free_ports,
-                        make_test_ca, write_password_file)
+from fixtures.ids import decode, duplicates
+from fixtures.processes import registry_worker_pid
+from fixtures.registries import (CoordinatorPair, EtcdCluster, PasswordRedis, SentinelSet, free_ports,
+                                 make_test_ca, write_password_file)
+from fixtures.waits import claim_error, claim_state, log_tail, wait_claimed
 
 DC = 1
 
@@ -129,46 +132,6 @@ def up(c):
     c.sql("CREATE EXTENSION snowflake")
 
 
-def claim_state(c):
-    return c.sql("SELECT claim_status, worker_id FROM snowflake_stats()")[0]
-
-
-def claim_error(c):
-    """The error snowflake_next() gives now (None if it issues)."""
-    with c.connect() as conn:
-        try:
-            conn.execute("SELECT snowflake_next()")
-            return None
-        except psycopg.Error as e:
-            return e
-
-
-def log_tail(c, n=25):
-    lines = [line for line in c.log().splitlines() if "snowflake" in line or "ERROR" in line
-             or "WARNING" in line]
-    return "\n".join(lines[-n:])
-
-
-def wait_claimed(c, timeout=HANG_GUARD, seen=None):
-    """The worker id, once claim_status is 'held'; `seen` collects the statuses passed. A
-    wait: its timeout only guards against a hang."""
-    last = [None]
-
-    def held():
-        last[0] = claim_state(c)
-        if seen is not None:
-            seen.add(last[0][0])
-        return last[0][0] == "held"
-    try:
-        wait_until(held, timeout=timeout, what=f"{c.name} to claim")
-    except AssertionError:
-        e = claim_error(c)
-        raise AssertionError(
-            f"{c.name}: no claim in {timeout} s, last {last[0]}; snowflake_next(): "
-            f"{e and (e.diag.message_primary, e.diag.message_detail)}\n{log_tail(c)}") from None
-    return last[0][1]
-
-
 class StatusWatcher(threading.Thread):
     """Samples a node's claim_status every 20 ms from its start (a newcomer's "settling"
     lasts one ttl at most: it must be seen while the test waits for other things)."""
@@ -232,17 +195,6 @@ def wait_claim_error(c, accept, timeout=HANG_GUARD):
 def error_text(e):
     return " | ".join(x or "" for x in (e.diag.message_primary, e.diag.message_detail,
                                         e.diag.message_hint))
-
-
-def registry_worker_pid(c):
-    with open(os.path.join(c.data, "postmaster.pid")) as f:
-        postmaster = f.readline().strip()
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", postmaster],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if "snowflake registry" in line:
-            return int(line.split()[0])
-    return None
 
 
 def etcd_counter(etcd, i, name):
@@ -378,22 +330,6 @@ class Writer(threading.Thread):
                    f"{states}" if errs else ""))
 
 
-def duplicates(*lists):
-    seen, dup = set(), []
-    for values in lists:
-        for v in values:
-            if v in seen:
-                dup.append(v)
-            else:
-                seen.add(v)
-    return dup
-
-
-def decode(v):
-    """(timestamp ms since epoch, datacenter, worker, sequence) of an ID (41/5/5/12 bits)."""
-    return v >> 22, (v >> 17) & 0x1F, (v >> 12) & 0x1F, v & 0xFFF
-
-
 # --------------------------------------------------------------------------------------
 # which registry kinds and settings the installed extension knows
 
@@ -433,16 +369,19 @@ def supported(uri):
     verdict = False
     if up_ok:
         c.sql("CREATE EXTENSION IF NOT EXISTS snowflake")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        decided = [False]
+
+        def tried():
             e = claim_error(c)
             text = error_text(e).lower() if e else ""
             if any(m in text for m in UNSUPPORTED_MARKERS) or "unsupported registry uri" in c.log().lower():
-                break
+                return True
             if e is not None and "has not claimed a worker id yet" not in text:
-                verdict = True  # it tried to reach the registry
-                break
-            time.sleep(0.1)
+                decided[0] = True  # it tried to reach the registry
+                return True
+            return False
+        wait_until(tried, timeout=10, poll=0.1, fail=False)
+        verdict = decided[0]
     _probe["cache"][key] = verdict
     return verdict
 

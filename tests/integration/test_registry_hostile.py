@@ -26,7 +26,8 @@ import psycopg
 
 from harness import (HANG_GUARD, LAG_HISTORY_S, LAG_STEPS, Cluster, report_figure,
                      scheduling_delay, wait_until)
-from registries import free_port, wait_started
+from fixtures.processes import alive, children_of, postmaster_pid, registry_worker_pid
+from fixtures.registries import free_port, wait_started
 
 TTL = "2s"
 TTL_MS = 2000
@@ -136,24 +137,6 @@ PG_OPENING = b"R" + (0x7FFFFFFF).to_bytes(4, "big")
 REDIS_OPENING = b"$2147483647\r\n"
 
 
-def postmaster_pid(c):
-    with open(os.path.join(c.data, "postmaster.pid")) as f:
-        return int(f.readline())
-
-
-def children_of(pid):
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 def rss_kib(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -163,19 +146,6 @@ def rss_kib(pid):
     except FileNotFoundError:
         pass
     return 0
-
-
-def registry_worker_pid(c):
-    """The registry worker's pid (a background worker without a database connection is not
-    in pg_stat_activity): the postmaster's child whose title names it."""
-    for pid in children_of(postmaster_pid(c)):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"snowflake registry" in f.read():
-                    return pid
-        except FileNotFoundError:
-            continue
-    return None
 
 
 class HostileRegistryTest(unittest.TestCase):
@@ -332,7 +302,7 @@ class HostileRegistryTest(unittest.TestCase):
         # No process holds the shared memory now (PostgreSQL refuses to start while one
         # does: the old worker kept it). The killed postmaster itself stays a zombie where
         # nothing reaps orphans (this machine's init), and PostgreSQL takes the zombie's pid
-        # in postmaster.pid for a live postmaster: remove the stale files, as chaos.py does.
+        # in postmaster.pid for a live postmaster: remove the stale files, as the chaos campaign does.
         for stale in [os.path.join(self.node.data, "postmaster.pid")] + glob.glob(
                 os.path.join(self.node.dir, ".s.PGSQL.*")):
             try:

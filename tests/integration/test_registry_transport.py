@@ -28,8 +28,8 @@ import threading
 import unittest
 
 from harness import BASE, Cluster, wait_until
-from registries import EtcdCluster, free_port, make_test_ca, _fresh
-from test_registry import wait_claimed
+from fixtures.registries import EtcdCluster, free_port, make_test_ca, _fresh
+from fixtures.waits import wait_claimed
 
 PASSWORD = "Tr4nsp0rt-S3cret"
 
@@ -392,7 +392,8 @@ class TransportTrustTest(unittest.TestCase):
         self.addCleanup(etcd.close)
         etcd.start()
         self.start_node_on(etcd.uri(), env=env, **settings)
-        state = lambda: self.node.one("SELECT claim_status FROM snowflake_stats()")
+        def state():
+            return self.node.one("SELECT claim_status FROM snowflake_stats()")
         # The worker logs each new cause of a failed request (the first: the certificate).
         wait_until(lambda: state() == "held" or "a request to registry" in self.new_log(),
                    what="a claim, or a failed request")

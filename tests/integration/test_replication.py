@@ -17,42 +17,7 @@ import psycopg
 
 from harness import (HANG_GUARD, PG_BIN, BatchClient, Cluster, as_postgres, assert_live, error_of,
                      wait_live, wait_until)
-
-PRELOAD = "'snowflake'"
-
-
-def settings_for(worker, **extra):
-    """Preloading settings with a worker id; autovacuum off so that nothing but the test
-    writes (and flushes) WAL."""
-    s = {
-        "shared_preload_libraries": PRELOAD,
-        "snowflake.worker_id": str(worker),
-        "autovacuum": "off",
-    }
-    s.update({k.replace("__", "."): v for k, v in extra.items()})
-    return s
-
-
-def start_pair(test, name, worker, sync=False, standby_offset=None, standby_settings=None,
-               **settings):
-    """A primary with the extension and a streaming standby (pg_basebackup -R), destroyed at
-    the end of the test. With `sync`, the standby is synchronous ('*')."""
-    primary = Cluster(f"{name}-primary", settings_for(worker, **settings)).init()
-    standby = Cluster(f"{name}-standby", dict(standby_settings or {}))
-    test.addCleanup(primary.destroy)
-    test.addCleanup(standby.destroy)
-    primary.start()
-    primary.sql("CREATE EXTENSION snowflake")
-    standby.init_standby_of(primary)
-    if standby_offset is not None:
-        standby.use_faketime(standby_offset)
-    standby.start()
-    standby.walreceiver_pid()
-    if sync:
-        primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
-        primary.sql("SELECT pg_reload_conf()")
-        primary.wait_sync_standby()
-    return primary, standby
+from fixtures.clusters import settings_for, start_pair
 
 
 class Frozen:

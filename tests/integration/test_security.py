@@ -28,7 +28,7 @@ import unittest
 import psycopg
 
 from harness import Cluster, error_of, wait_until
-from registries import free_port
+from fixtures.registries import free_port
 
 PRELOAD = "'snowflake'"
 # Discord's documented example ID; on our layout it decodes too.
