@@ -124,7 +124,7 @@ print_figures() {
 if [ "$tier" = quick ]; then
     # The integration suites that start few clusters and wait on no lease or TTL (about
     # 3 minutes together); the full tier runs them all.
-    QUICK_SUITES="${QUICK_SUITES:-test_foundation test_hostile test_security test_script_capture test_registry_transport test_fixtures test_chaos_checker}"
+    QUICK_SUITES="${QUICK_SUITES:-test_foundation test_hostile test_security test_script_capture test_registry_transport test_fixtures test_chaos_checker test_check_errors}"
     use_major "$PG_MAJORS"
     unit_test_major
     # A debug build (the full tier installs the release package), with every released

@@ -223,8 +223,9 @@ impl ClaimSignal {
 
     /// Ends the wait (an ERROR ends it too: the transaction's abort cancels the sleep).
     pub fn done(&self) {
-        // SAFETY: ends this process's registration, if any.
-        let _ = unsafe { pg_sys::ConditionVariableCancelSleep() };
+        // SAFETY: ends this process's registration, if any. (It returns whether the process
+        // was woken from PostgreSQL 16 on, nothing before: not needed here.)
+        unsafe { pg_sys::ConditionVariableCancelSleep() };
     }
 }
 
