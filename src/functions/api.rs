@@ -36,7 +36,7 @@ extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
 fn snowflake_next() -> i64 {
     const NAME: &str = "snowflake_next";
     let config = lease::generation_config(NAME).or_raise(NAME);
-    driver::next_id(&config).or_raise(NAME)
+    driver::next_id(&config, NAME).or_raise(NAME)
 }
 
 /// Largest `n` for `snowflake_next_batch(n)`.
@@ -54,7 +54,7 @@ fn snowflake_next_batch(n: i32, fcinfo: pg_sys::FunctionCallInfo) -> Int8Array {
     }
     let mut ids = Int8Array::for_call(fcinfo, NAME, n as usize).or_raise(NAME);
     let config = lease::generation_config(NAME).or_raise(NAME);
-    driver::fill_batch(&config, &mut ids).or_raise(NAME);
+    driver::fill_batch(&config, NAME, &mut ids).or_raise(NAME);
     ids
 }
 
@@ -69,7 +69,7 @@ fn snowflake_next_block(n: i32) -> i64 {
         errors::bad_count("block size", n, max).raise(NAME);
     }
     let config = lease::generation_config(NAME).or_raise(NAME);
-    driver::next_block(&config, n as u16).or_raise(NAME)
+    driver::next_block(&config, NAME, n as u16).or_raise(NAME)
 }
 
 /// The commit-order watermark: no transaction still in flight on this server (including

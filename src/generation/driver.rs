@@ -6,7 +6,9 @@
 //!
 //! Nothing here raises: every path returns its error to the SQL function that called it
 //! (`functions::api`), which raises it. The configuration comes from that function too,
-//! checked there (`lease::generation_config`), since its errors name the function.
+//! checked there (`lease::generation_config`), since its errors name the function. The
+//! function's name comes along only for the clock WARNING, which is written in the middle
+//! of a call (a WARNING changes nothing for the caller) and names its source function.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -27,15 +29,17 @@ use snowflake_core::settings::{check_epoch_at, Config};
 
 /// The next ID (`snowflake_next()`): unique among all backends of this server, and greater
 /// than every ID this server issued before it, including before a restart or crash.
-pub(crate) fn next_id(config: &Config) -> errors::Result<i64> {
-    let (node, run) = drive_one(config, |g, wall, policy| g.next(wall, policy))?;
+pub(crate) fn next_id(config: &Config, function: &'static str) -> errors::Result<i64> {
+    let (node, run) = drive_one(config, function, |g, wall, policy| g.next(wall, policy))?;
     Ok(id_of(node, &run, 0))
 }
 
 /// The first of `n` (1 ..= 4,096) contiguous reserved IDs in one millisecond
 /// (`snowflake_next_block()`).
-pub(crate) fn next_block(config: &Config, n: u16) -> errors::Result<i64> {
-    let (node, block) = drive_one(config, |g, wall, policy| g.next_run(wall, policy, n, true))?;
+pub(crate) fn next_block(config: &Config, function: &'static str, n: u16) -> errors::Result<i64> {
+    let (node, block) = drive_one(config, function, |g, wall, policy| {
+        g.next_run(wall, policy, n, true)
+    })?;
     Ok(id_of(node, &block, 0))
 }
 
@@ -43,9 +47,13 @@ pub(crate) fn next_block(config: &Config, n: u16) -> errors::Result<i64> {
 /// into the result array: runs of up to 4,096 per millisecond, one run per hold of the
 /// generator's lock, so other sessions get IDs in between and a cancel is serviced between
 /// runs, with nothing left to build after the last millisecond.
-pub(crate) fn fill_batch(config: &Config, ids: &mut Int8Array) -> errors::Result<()> {
+pub(crate) fn fill_batch(
+    config: &Config,
+    function: &'static str,
+    ids: &mut Int8Array,
+) -> errors::Result<()> {
     let bulk = ids.remaining() > 4096;
-    drive(config, bulk, |g, wall, policy, node| {
+    drive(config, function, bulk, |g, wall, policy, node| {
         let want = ids.remaining().min(4096) as u16;
         let run = match g.next_run(wall, policy, want, false)?.issued() {
             Ok(run) => run,
@@ -180,6 +188,7 @@ fn attempt(
 /// milliseconds are expected and not warned about.
 fn drive(
     config: &Config,
+    function: &'static str,
     bulk: bool,
     mut take: impl FnMut(&mut Generator, EpochMs, ClockPolicy, Node) -> Result<Took, GenerateError>,
 ) -> errors::Result<()> {
@@ -189,7 +198,7 @@ fn drive(
     loop {
         let (pending, warning) = attempt(config, policy, random_start, bulk, &mut take);
         if let Some(w) = warning {
-            w.report();
+            w.report(function);
         }
         match pending {
             Pending::Done => return Ok(()),
@@ -236,18 +245,22 @@ fn drive(
 /// pair it was issued under.
 fn drive_one(
     config: &Config,
+    function: &'static str,
     mut next: impl FnMut(&mut Generator, EpochMs, ClockPolicy) -> Result<Next, GenerateError>,
 ) -> errors::Result<(Node, Issued)> {
     let mut one = None;
-    drive(config, false, |g, wall, policy, node| {
-        match next(g, wall, policy)?.issued() {
+    drive(
+        config,
+        function,
+        false,
+        |g, wall, policy, node| match next(g, wall, policy)?.issued() {
             Ok(run) => {
                 one = Some((node, run));
                 Ok(Took::All)
             }
             Err(need) => Ok(Took::Wait(need)),
-        }
-    })?;
+        },
+    )?;
     one.ok_or_else(|| SnowflakeError::internal("no ID was issued".into()))
 }
 

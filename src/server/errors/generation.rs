@@ -73,8 +73,9 @@ pub struct ClockWarning {
 }
 
 impl ClockWarning {
-    /// Emits the WARNING (to the client and the server log). Not an error: the call goes on.
-    pub fn report(self) {
+    /// Emits the WARNING (to the client and the server log) as coming from the SQL function
+    /// `function` (its source function, which clients see). Not an error: the call goes on.
+    pub fn report(self, function: &'static str) {
         let steps = self.now.steps_back - self.since.steps_back;
         let exhaustions = self.now.exhaustions - self.since.exhaustions;
         let message = if steps > 0 {
@@ -99,7 +100,7 @@ impl ClockWarning {
         } else {
             "No ID was or will be duplicated: IDs continue in the following milliseconds. One server issues at most 4,096 IDs per millisecond."
         };
-        ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, "snowflake")
+        ErrorReport::new(PgSqlErrorCode::ERRCODE_WARNING, message, function)
             .set_detail(detail)
             .set_hint(hint)
             .report(PgLogLevel::WARNING);
