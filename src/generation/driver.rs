@@ -137,7 +137,7 @@ fn attempt(
         Ok(wall) => match take(&mut shared.generator, wall, policy, node) {
             Ok(Took::All) => Pending::Done,
             Ok(Took::Part) => Pending::More,
-            Ok(Took::Wait(next)) => Pending::Act(next),
+            Ok(Took::Wait(need)) => Pending::Act(need),
             Err(e) => Pending::Fail(e),
         },
         Err(_) => Pending::OutsideEpoch,

@@ -233,13 +233,12 @@ fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
     let timing = gucs::claim_timing();
     let UnixMs(wanted_unix_ms) = config.epoch.to_unix(timestamp);
     let started = server::mono_now();
-    let signal = shmem::CLAIM_SIGNAL.get();
-    signal.prepare();
-    let outcome = loop {
+    let wait = shmem::CLAIM_SIGNAL.get().prepare();
+    loop {
         let fence = shmem::GENERATOR.share().fence;
         let now_mono = server::mono_now();
         if fence.allows(wanted_unix_ms, now_mono) {
-            break Ok(());
+            return Ok(());
         }
         let claim = *shmem::CLAIM.share();
         let waiting = matches!(claim.status, ClaimStatus::Starting | ClaimStatus::Held);
@@ -259,7 +258,7 @@ fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
                     wanted_unix_ms - server::now_unix_ms()
                 );
             }
-            break Err(errors::claim_unavailable(
+            return Err(errors::claim_unavailable(
                 claim.status,
                 &detail,
                 &registry,
@@ -268,10 +267,8 @@ fn wait_for_claim(config: &Config, timestamp: EpochMs) -> errors::Result<()> {
         }
         // Woken by the registry worker when the claim changes; the timeout is the TTL's
         // bound above, looked at again at least every second.
-        signal.sleep(timing.ttl_ms().saturating_sub(now_mono.since(started)) + 1);
-    };
-    signal.done();
-    outcome
+        wait.sleep(timing.ttl_ms().saturating_sub(now_mono.since(started)) + 1);
+    }
 }
 
 /// Makes a lease ending at `new_end` (ms since the epoch) durable, computed at `now`: the

@@ -206,23 +206,39 @@ impl ClaimSignal {
     }
 
     /// Registers this process as a waiter before its first look at the claim, so that a
-    /// broadcast between the look and [`ClaimSignal::sleep`] is not lost.
-    pub fn prepare(&self) {
+    /// broadcast between the look and [`ClaimWait::sleep`] is not lost. The registration
+    /// ends when the guard is dropped (an ERROR ends it too: the transaction's abort
+    /// cancels the sleep).
+    pub fn prepare(&self) -> ClaimWait<'_> {
         // SAFETY: as in `broadcast`; a process waits on one condition variable at a time.
-        unsafe { pg_sys::ConditionVariablePrepareToSleep(self.0.get()) }
+        unsafe { pg_sys::ConditionVariablePrepareToSleep(self.0.get()) };
+        ClaimWait { signal: self }
     }
+}
 
-    /// Sleeps until a broadcast or `timeout_ms`; services interrupts (a cancel raises).
+/// A caller registered on [`ClaimSignal`] ([`ClaimSignal::prepare`]).
+pub struct ClaimWait<'a> {
+    signal: &'a ClaimSignal,
+}
+
+impl ClaimWait<'_> {
+    /// Sleeps until a broadcast or `timeout_ms` (at most a second); services interrupts (a
+    /// cancel raises).
     pub fn sleep(&self, timeout_ms: u64) {
         let timeout = timeout_ms.clamp(1, 1_000) as std::ffi::c_long;
         // SAFETY: as in `broadcast`; the wait event is the extensions' own.
         unsafe {
-            pg_sys::ConditionVariableTimedSleep(self.0.get(), timeout, pg_sys::PG_WAIT_EXTENSION)
+            pg_sys::ConditionVariableTimedSleep(
+                self.signal.0.get(),
+                timeout,
+                pg_sys::PG_WAIT_EXTENSION,
+            )
         };
     }
+}
 
-    /// Ends the wait (an ERROR ends it too: the transaction's abort cancels the sleep).
-    pub fn done(&self) {
+impl Drop for ClaimWait<'_> {
+    fn drop(&mut self) {
         // SAFETY: ends this process's registration, if any. (It returns whether the process
         // was woken from PostgreSQL 16 on, nothing before: not needed here.)
         unsafe { pg_sys::ConditionVariableCancelSleep() };
