@@ -361,11 +361,22 @@ fn run_until<T, E: Into<RegistryError>>(
         .map_err(Into::into)
 }
 
+/// How long a connection to the coordinator serves, in request bounds (a fifth of
+/// `claim_ttl` each): 3 x `claim_ttl`, then the next request replaces it. A smart shutdown of
+/// the coordinator (`pg_ctl stop -m smart`) waits for every session and refuses new ones, so
+/// a connection kept for ever kept it waiting for ever: on a node that is its own fleet's
+/// registry (a Citus coordinator, docs/citus.md), its own registry worker's connection did.
+/// The cost is one connection (and one check of the tables) per node per lifetime.
+const CONNECTION_LIFETIME_IN_TIMEOUTS: u32 = 15;
+
 /// A PostgreSQL coordinator.
 pub struct PgRegistry {
     config: tokio_postgres::Config,
     tls: postgres_openssl::MakeTlsConnector,
     client: Option<tokio_postgres::Client>,
+    /// When `client` was connected; it is replaced once older than `lifetime`.
+    connected_at: Instant,
+    lifetime: Duration,
     rt: tokio::runtime::Runtime,
     budget: Arc<Budget>,
     timeout: Duration,
@@ -435,6 +446,8 @@ impl PgRegistry {
             config,
             tls,
             client: None,
+            connected_at: Instant::now(),
+            lifetime: timeout * CONNECTION_LIFETIME_IN_TIMEOUTS,
             rt,
             budget: Arc::new(Budget {
                 left: AtomicUsize::new(MAX_REPLY_BYTES),
@@ -567,9 +580,16 @@ impl PgRegistry {
         &mut self,
         f: impl FnOnce(&mut Tx<'_>, &Statements) -> Result<T>,
     ) -> Result<T> {
+        if self.client.is_some() && self.connected_at.elapsed() >= self.lifetime {
+            // Dropped here, closed while the new connection is made (that drives the
+            // runtime, and so the old connection's task).
+            self.client = None;
+            self.created = false;
+        }
         if self.client.is_none() {
             let deadline = Instant::now() + self.timeout;
             self.client = Some(self.connect(deadline)?);
+            self.connected_at = Instant::now();
         }
         let deadline = Instant::now() + self.timeout;
         let client = self.client.as_mut().expect("connected above");

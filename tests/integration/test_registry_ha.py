@@ -1380,11 +1380,12 @@ class CoordinatorFailover(HABase):
             self.skipTest("no snowflake.registry_ca_file")
         fixture = self.take("tls")
         pair = fixture[0]
-        # TLS really is in use: the coordinator sees the registry's connections encrypted.
-        encrypted = pair.primary.one(
+        # TLS really is in use: the coordinator sees the registry's connections encrypted
+        # (waited for: a node replaces its connection every 3 x claim_ttl).
+        wait_until(lambda: pair.primary.one(
             "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
-            "WHERE a.application_name = 'snowflake registry' AND s.ssl")
-        self.assertGreaterEqual(encrypted, 1)
+            "WHERE a.application_name = 'snowflake registry' AND s.ssl") >= 1,
+            what="an encrypted registry connection on the coordinator")
         self.check_tls(fixture, "postgresql://")
 
     def test_pgpass_password_file(self):

@@ -1,0 +1,159 @@
+"""A coordinator registry hosted by one of the nodes it gives worker ids to: the shape of a
+Citus cluster (docs/citus.md), whose coordinator is its workers' registry and also issues
+IDs for the statements it receives. Every node has the same settings (worker_id = 'auto',
+the host's URI), the host included, and nothing else: no per-node configuration. Citus is
+not needed for what is checked here (it cannot be built by the test command): the claims,
+a node joining while the others write, the host restarted cleanly and crash-restarted, and
+the host stopped with a smart shutdown, which its own registry worker's connection (and
+every node's) held for ever before the coordinator client replaced aged connections."""
+
+import subprocess
+import time
+import unittest
+
+from harness import HANG_GUARD, Cluster, assert_live, report_figure, wait_live, wait_until
+from fixtures.clusters import PRELOAD, TTL, TTL_S, Writer
+from fixtures.ids import duplicates, workers_of
+from fixtures.registries import free_port
+from fixtures.waits import claim_state, wait_claimed
+
+REGISTRY_DB = "snowflake_registry"
+HEARTBEAT_S = TTL_S / 5
+# A registry's new incarnation settles for claim_ttl + claim_ttl / 5 before it grants a free
+# id (docs/fleets.md).
+SETTLE_S = TTL_S + TTL_S / 5
+# The coordinator client replaces a connection older than 3 x claim_ttl at its next request
+# (registry/src/postgres.rs), one heartbeat later at most.
+CONNECTION_LIFETIME_S = 3 * TTL_S
+# The worker's release at shutdown waits at most 1 s (src/fleet/runner.rs).
+SHUTDOWN_RELEASE_S = 1.0
+
+
+class RegistryOnANode(unittest.TestCase):
+    def setUp(self):
+        port = free_port()
+        self.uri = f"'postgresql://postgres@127.0.0.1:{port}/{REGISTRY_DB}'"
+        self.host = self.cluster(f"host{port}", port, listen_addresses="'127.0.0.1'")
+        self.host.init()
+        self.host.start()
+        self.host.sql(f"CREATE DATABASE {REGISTRY_DB}")
+        self.host.sql("CREATE EXTENSION snowflake")
+
+    def cluster(self, name, port=None, **extra):
+        """A node with the fleet's settings, the same on every node."""
+        settings = {
+            "shared_preload_libraries": PRELOAD,
+            "snowflake.worker_id": "auto",
+            "snowflake.datacenter_id": "1",
+            "snowflake.registry": self.uri,
+            "snowflake.claim_ttl": f"'{TTL}'",
+            "snowflake.clock_behind_action": "wait",
+        }
+        settings.update(extra)
+        c = Cluster(name, settings, port=port or free_port())
+        self.addCleanup(c.destroy)
+        return c
+
+    def join(self, name):
+        c = self.cluster(f"{name}{free_port()}")
+        c.init()
+        c.start()
+        c.sql("CREATE EXTENSION snowflake")
+        return c
+
+    def writers(self, nodes):
+        ws = [Writer(c) for c in nodes]
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.running()
+        return ws
+
+    @staticmethod
+    def stop(writers):
+        for w in writers:
+            w.stop.set()
+        for w in writers:
+            w.join()
+
+    def assert_no_duplicate(self, writers, *more):
+        dup = duplicates(*[w.got for w in writers], *more)
+        self.assertEqual(dup, [], f"{len(dup)} IDs issued twice")
+
+    def holders(self):
+        return self.host.sql(
+            "SELECT worker_id FROM snowflake_claims WHERE holder IS NOT NULL ORDER BY 1",
+            dbname=REGISTRY_DB)
+
+    def test_every_node_claims_its_own_id_and_so_does_a_node_that_joins(self):
+        nodes = [self.host, self.join("a"), self.join("b")]
+        claimed = [wait_claimed(c) for c in nodes]
+        self.assertEqual(len(set(claimed)), 3, claimed)
+        writers = self.writers(nodes)
+        joiner = self.join("joiner")
+        joined = wait_claimed(joiner)
+        self.assertNotIn(joined, claimed)
+        writers += self.writers([joiner])
+        self.stop(writers)
+        self.assert_no_duplicate(writers)
+        for w, worker in zip(writers, claimed + [joined]):
+            self.assertEqual(workers_of(w.cluster, w.got), {worker}, w.cluster.name)
+        self.assertEqual([r[0] for r in self.holders()], sorted(claimed + [joined]))
+
+    def test_the_host_restarted_and_crash_restarted_issues_no_id_twice(self):
+        """The host's restart is its registry's new incarnation: the host, a newcomer with a
+        new postmaster, waits for the settle before it claims again; the other nodes keep
+        their ids (re-asserted) and issue while their fences last."""
+        a, b = self.join("a"), self.join("b")
+        for c in (self.host, a, b):
+            wait_claimed(c)
+        writers = self.writers([self.host, a, b])
+        for mode, what in (("fast", "a clean restart"), ("immediate", "a crash restart")):
+            self.host.stop(mode)
+            self.host.start()
+            started = time.monotonic()
+            # A first request may meet the server still starting (retried a heartbeat
+            # later); then the settle, then the claim at the next heartbeat.
+            took = wait_live(lambda: claim_state(self.host)[0] == "held",
+                             SETTLE_S + 2 * HEARTBEAT_S, since=started,
+                             what=f"the host's claim after {what}")
+            report_figure(f"the host's claim after {what}",
+                          f"{took:.2f} s after the server accepted connections (settle "
+                          f"{SETTLE_S:.1f} s)")
+            issued = len(writers[0].got)
+            wait_until(lambda: len(writers[0].got) > issued + 500,
+                       what="the host's writer issuing again")
+        self.stop(writers)
+        self.assert_no_duplicate(writers)
+        report_figure("errors of the other nodes meanwhile",
+                      f"{len(writers[1].errors)} and {len(writers[2].errors)} (55000 while fenced)")
+
+    def test_a_smart_shutdown_of_the_host_completes(self):
+        """pg_ctl stop -m smart waits for every client session: the nodes' registry
+        connections to the host, its own worker's among them, are replaced when older than
+        3 x claim_ttl, and a host in shutdown refuses the new ones, so the shutdown ends.
+        Before, it waited for ever (and the host refused every other new connection)."""
+        a, b = self.join("a"), self.join("b")
+        for c in (self.host, a, b):
+            wait_claimed(c)
+        writers = self.writers([a, b])
+        began = time.monotonic()
+        r = subprocess.run(["runuser", "-u", "postgres", "--", f"{self.host.bin}/pg_ctl", "-D",
+                            self.host.data, "-m", "smart", "-w", "-t", str(HANG_GUARD), "stop"],
+                           capture_output=True, text=True)
+        took = time.monotonic() - began
+        if r.returncode != 0:
+            self.host.stop("immediate")
+        self.assertEqual(r.returncode, 0, f"smart shutdown of the host: {r.stdout}{r.stderr}")
+        assert_live(self, took, CONNECTION_LIFETIME_S + 2 * HEARTBEAT_S + SHUTDOWN_RELEASE_S,
+                    began, "smart shutdown of a node hosting the registry")
+        # The nodes fenced meanwhile; back with the host, they issue again, and nothing twice.
+        self.host.start()
+        for c in (self.host, a, b):
+            wait_claimed(c)
+        for w in writers:
+            issued = len(w.got)
+            wait_until(lambda w=w, issued=issued: len(w.got) > issued + 500,
+                       what=f"{w.cluster.name} issuing again")
+        self.stop(writers)
+        self.assert_no_duplicate(writers, self.host.one("SELECT snowflake_next_batch(1000)"))
