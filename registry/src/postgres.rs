@@ -374,6 +374,8 @@ pub struct PgRegistry {
     config: tokio_postgres::Config,
     tls: postgres_openssl::MakeTlsConnector,
     client: Option<tokio_postgres::Client>,
+    /// The task that drives the connection of `client` (spawned on `rt`).
+    connection_task: Option<tokio::task::JoinHandle<()>>,
     /// When `client` was connected; it is replaced once older than `lifetime`.
     connected_at: Instant,
     lifetime: Duration,
@@ -446,6 +448,7 @@ impl PgRegistry {
             config,
             tls,
             client: None,
+            connection_task: None,
             connected_at: Instant::now(),
             lifetime: timeout * CONNECTION_LIFETIME_IN_TIMEOUTS,
             rt,
@@ -532,7 +535,9 @@ impl PgRegistry {
                 }
             })?;
         // The connection's task runs whenever a request drives the runtime.
-        self.rt.spawn(connection);
+        self.connection_task = Some(self.rt.spawn(async {
+            let _ = connection.await;
+        }));
         if config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite {
             let rows = run_until(
                 &self.rt,
@@ -580,14 +585,21 @@ impl PgRegistry {
         &mut self,
         f: impl FnOnce(&mut Tx<'_>, &Statements) -> Result<T>,
     ) -> Result<T> {
+        let deadline = Instant::now() + self.timeout;
         if self.client.is_some() && self.connected_at.elapsed() >= self.lifetime {
-            // Dropped here, closed while the new connection is made (that drives the
-            // runtime, and so the old connection's task).
+            // The client dropped, its connection's task sends Terminate and ends: awaited
+            // (within the connection's own deadline), so that the old session has ended
+            // before the new one takes a connection slot of the coordinator.
             self.client = None;
             self.created = false;
+            if let Some(task) = self.connection_task.take() {
+                let _ = run_until(&self.rt, deadline, async {
+                    let _ = task.await;
+                    Ok::<(), RegistryError>(())
+                });
+            }
         }
         if self.client.is_none() {
-            let deadline = Instant::now() + self.timeout;
             self.client = Some(self.connect(deadline)?);
             self.connected_at = Instant::now();
         }
