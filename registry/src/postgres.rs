@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use postgres_protocol::escape::escape_identifier;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -362,10 +363,13 @@ fn run_until<T, E: Into<RegistryError>>(
 }
 
 /// How long a connection to the coordinator serves, in request bounds (a fifth of
-/// `claim_ttl` each): 3 x `claim_ttl`, then the next request replaces it. A smart shutdown of
-/// the coordinator (`pg_ctl stop -m smart`) waits for every session and refuses new ones, so
-/// a connection kept for ever kept it waiting for ever: on a node that is its own fleet's
-/// registry (a Citus coordinator, docs/citus.md), its own registry worker's connection did.
+/// `claim_ttl` each): 3 x `claim_ttl`, then the next request tries to replace it. A smart
+/// shutdown of the coordinator (`pg_ctl stop -m smart`) waits for every session and refuses
+/// new ones (57P03), so a connection kept for ever kept it waiting for ever: on a node that
+/// is its own fleet's registry (a Citus coordinator, docs/citus.md), its own registry
+/// worker's connection did. The new connection is made first, and the old one kept if it
+/// cannot be had for any other reason (every slot taken by another role, a changed
+/// password, a frozen host listed first): a node that is connected goes on as before.
 /// The cost is one connection (and one check of the tables) per node per lifetime.
 const CONNECTION_LIFETIME_IN_TIMEOUTS: u32 = 15;
 
@@ -379,6 +383,12 @@ pub struct PgRegistry {
     /// When `client` was connected; it is replaced once older than `lifetime`.
     connected_at: Instant,
     lifetime: Duration,
+    /// The URI's host index of `client`, and the hosts that refused the last connection
+    /// attempt because they are shutting down (57P03).
+    connected_host: usize,
+    shutting_down: Vec<usize>,
+    /// Whether the last `connect_one` was refused with 57P03.
+    refused_shutting_down: bool,
     rt: tokio::runtime::Runtime,
     budget: Arc<Budget>,
     timeout: Duration,
@@ -450,6 +460,9 @@ impl PgRegistry {
             client: None,
             connection_task: None,
             connected_at: Instant::now(),
+            connected_host: 0,
+            shutting_down: Vec::new(),
+            refused_shutting_down: false,
             lifetime: timeout * CONNECTION_LIFETIME_IN_TIMEOUTS,
             rt,
             budget: Arc::new(Budget {
@@ -472,11 +485,18 @@ impl PgRegistry {
         let ports = self.config.get_ports().to_vec();
         let hostaddrs = self.config.get_hostaddrs().to_vec();
         let mut errors = Vec::new();
+        self.shutting_down.clear();
         for (i, host) in hosts.iter().enumerate() {
             let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
             match self.connect_one(host, hostaddrs.get(i).copied(), port, deadline) {
-                Ok(client) => return Ok(client),
+                Ok(client) => {
+                    self.connected_host = i;
+                    return Ok(client);
+                }
                 Err(e) => errors.push(e.0),
+            }
+            if self.refused_shutting_down {
+                self.shutting_down.push(i);
             }
         }
         Err(RegistryError(if errors.is_empty() {
@@ -493,6 +513,7 @@ impl PgRegistry {
         port: u16,
         deadline: Instant,
     ) -> Result<tokio_postgres::Client> {
+        self.refused_shutting_down = false;
         let budget = Arc::clone(&self.budget);
         let (socket, name, unix): (Box<dyn Io>, String, bool) = match host {
             Host::Tcp(name) => {
@@ -524,7 +545,14 @@ impl PgRegistry {
             // As libpq: no TLS over a Unix socket.
             config.ssl_mode(SslMode::Disable);
         }
-        let (client, connection) = run_until(&self.rt, deadline, config.connect_raw(stream, tls))
+        let mut refused_shutting_down = false;
+        let connected = run_until(&self.rt, deadline, async {
+            config.connect_raw(stream, tls).await.inspect_err(|e| {
+                refused_shutting_down = e.code() == Some(&SqlState::CANNOT_CONNECT_NOW);
+            })
+        });
+        self.refused_shutting_down = refused_shutting_down;
+        let (client, connection) = connected
             .map_err(|e| {
                 if self.tls_by_default && !unix && e.0.contains("does not support TLS") {
                     RegistryError(format!(
@@ -557,6 +585,46 @@ impl PgRegistry {
         Ok(client)
     }
 
+    /// Replaces the connection, older than its lifetime ([`CONNECTION_LIFETIME_IN_TIMEOUTS`]),
+    /// by a new one made first. Without a new one, the old one stays in use (tried again at
+    /// the next request), unless its own host refused because it is shutting down: then it
+    /// is closed as well, and the error returned, so that the shutdown can end.
+    fn replace_connection(&mut self, deadline: Instant) -> Result<()> {
+        let old_task = self.connection_task.take();
+        let old_host = self.connected_host;
+        match self.connect(deadline) {
+            Ok(client) => {
+                self.client = Some(client);
+                self.connected_at = Instant::now();
+                self.created = false;
+                self.close(old_task, deadline);
+                Ok(())
+            }
+            Err(e) if self.shutting_down.contains(&old_host) => {
+                self.client = None;
+                self.created = false;
+                self.close(old_task, deadline);
+                Err(e)
+            }
+            Err(_) => {
+                self.connected_host = old_host;
+                self.connection_task = old_task;
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits (until `deadline` at most) for the task of a connection whose client was
+    /// dropped: it sends Terminate and ends, so the session is over on the coordinator.
+    fn close(&self, task: Option<tokio::task::JoinHandle<()>>, deadline: Instant) {
+        if let Some(task) = task {
+            let _ = run_until(&self.rt, deadline, async {
+                let _ = task.await;
+                Ok::<(), RegistryError>(())
+            });
+        }
+    }
+
     /// Runs `f` in one transaction; drops the connection after any error. The connection
     /// may take the registry timeout, and the transaction another.
     fn transaction<T>(
@@ -587,17 +655,7 @@ impl PgRegistry {
     ) -> Result<T> {
         let deadline = Instant::now() + self.timeout;
         if self.client.is_some() && self.connected_at.elapsed() >= self.lifetime {
-            // The client dropped, its connection's task sends Terminate and ends: awaited
-            // (within the connection's own deadline), so that the old session has ended
-            // before the new one takes a connection slot of the coordinator.
-            self.client = None;
-            self.created = false;
-            if let Some(task) = self.connection_task.take() {
-                let _ = run_until(&self.rt, deadline, async {
-                    let _ = task.await;
-                    Ok::<(), RegistryError>(())
-                });
-            }
+            self.replace_connection(deadline)?;
         }
         if self.client.is_none() {
             self.client = Some(self.connect(deadline)?);

@@ -5,11 +5,14 @@ the host's URI), the host included, and nothing else: no per-node configuration.
 not needed for what is checked here (it cannot be built by the test command): the claims,
 a node joining while the others write, the host restarted cleanly and crash-restarted, and
 the host stopped with a smart shutdown, which its own registry worker's connection (and
-every node's) held for ever before the coordinator client replaced aged connections."""
+every node's) held for ever before the coordinator client replaced aged connections, and a
+role taking every free connection slot of the host, which must not stop a connected node."""
 
 import subprocess
 import time
 import unittest
+
+import psycopg
 
 from harness import HANG_GUARD, Cluster, assert_live, report_figure, wait_live, wait_until
 from fixtures.clusters import PRELOAD, TTL, TTL_S, Writer
@@ -32,11 +35,15 @@ SHUTDOWN_RELEASE_S = 1.0
 class RegistryOnANode(unittest.TestCase):
     def setUp(self):
         port = free_port()
-        self.uri = f"'postgresql://postgres@127.0.0.1:{port}/{REGISTRY_DB}'"
-        self.host = self.cluster(f"host{port}", port, listen_addresses="'127.0.0.1'")
+        # The nodes connect as a role of their own, not a superuser (docs/citus.md): a
+        # superuser could take the slots that superuser_reserved_connections keeps.
+        self.uri = f"'postgresql://snowflake_node@127.0.0.1:{port}/{REGISTRY_DB}'"
+        self.host = self.cluster(f"host{port}", port, listen_addresses="'127.0.0.1'",
+                                 max_connections="20")
         self.host.init()
         self.host.start()
-        self.host.sql(f"CREATE DATABASE {REGISTRY_DB}")
+        self.host.sql("CREATE ROLE snowflake_node LOGIN")
+        self.host.sql(f"CREATE DATABASE {REGISTRY_DB} OWNER snowflake_node")
         self.host.sql("CREATE EXTENSION snowflake")
 
     def cluster(self, name, port=None, **extra):
@@ -157,3 +164,50 @@ class RegistryOnANode(unittest.TestCase):
                        what=f"{w.cluster.name} issuing again")
         self.stop(writers)
         self.assert_no_duplicate(writers, self.host.one("SELECT snowflake_next_batch(1000)"))
+
+    def registry_sessions(self):
+        return {r[0] for r in self.host.sql(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'snowflake registry'")}
+
+    def test_a_role_taking_every_free_slot_stops_no_connected_node(self):
+        """A connection past its lifetime is replaced by one made first: with every free
+        slot of the host taken by an ordinary role, each node keeps its session and renews
+        on it. A first version closed the old connection first, and so gave its slot away:
+        this test saw every session replaced (the node got its own slot back, the filler
+        here not trying again), and an adversarial review's filler, connecting in a loop,
+        took the freed slots and stopped the whole fleet for 50 s."""
+        a, b = self.join("a"), self.join("b")
+        nodes = (self.host, a, b)
+        for c in nodes:
+            wait_claimed(c)
+        writers = self.writers([a, b])
+        sessions = self.registry_sessions()
+        self.assertEqual(len(sessions), 3, sessions)
+        self.host.sql("CREATE ROLE filler LOGIN")
+        held = []
+        self.addCleanup(lambda: [f.close() for f in held])
+        while True:  # every slot but superuser_reserved_connections'
+            try:
+                held.append(psycopg.connect(host=self.host.dir, port=self.host.port,
+                                            user="filler", dbname="postgres"))
+            except psycopg.OperationalError:
+                break
+        began = self.host.one("SELECT clock_timestamp()")
+        since = time.monotonic()
+        # Renewed after every connection passed its lifetime: its claim then expires later
+        # than that renewal's earliest time plus claim_ttl.
+        wait_live(lambda: all(c.one(
+            "SELECT claim_expires_at > %s::timestamptz + make_interval(secs => %s) FROM snowflake_stats",
+            (began, CONNECTION_LIFETIME_S + HEARTBEAT_S + TTL_S)) for c in nodes),
+            CONNECTION_LIFETIME_S + 2 * HEARTBEAT_S, since=since,
+            what="every node renewing past its connection's lifetime, with no slot free")
+        self.assertLessEqual(sessions, self.registry_sessions(),
+                             "the nodes kept their sessions while no slot was free")
+        for f in held:
+            f.close()
+        held.clear()
+        # With slots free again the sessions are replaced.
+        wait_until(lambda: not (sessions & self.registry_sessions()),
+                   what="the registry sessions replaced once slots are free")
+        self.stop(writers)
+        self.assert_no_duplicate(writers)
