@@ -148,10 +148,13 @@ class FromPgedge(unittest.TestCase):
         self.addCleanup(pg.destroy)
         pg.start()
         pg.sql("CREATE EXTENSION snowflake")
+        # PostgreSQL gives << and | one precedence, left to right: every shift is bracketed
+        # (unbracketed, the layout's bits were shifted again and wrapped around, and the
+        # test began to fail on 2026-12-01).
         ours, pgedge_max = pg.sql(
             "SELECT snowflake_next(), "
-            "((extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1000 - 1672531200000) "
-            "<< 22 | 1023 << 12 | 4095")[0]
+            "(((extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1000 - 1672531200000) "
+            "<< 22) | (1023 << 12) | 4095")[0]
         self.assertGreater(ours, pgedge_max)
 
 
