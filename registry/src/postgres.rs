@@ -607,7 +607,6 @@ impl PgRegistry {
                 Err(e)
             }
             Err(_) => {
-                self.connected_host = old_host;
                 self.connection_task = old_task;
                 Ok(())
             }
