@@ -241,29 +241,58 @@ class RestartAfterFaults(unittest.TestCase):
         self.pg.start()
         self.check_new_ids_above(highest)
 
+    def borrow_ahead(self, lead_s):
+        """Issues blocks of 4,096 IDs (a whole millisecond each) until the highest ID issued is
+        more than `lead_s` ahead of the clock read once the statement has issued them all, and
+        returns that ID. IDs run ahead of the clock only while they are issued faster than it
+        advances (up to max_clock_drift): a loaded machine may need more than one round."""
+        highest = [0]
+
+        def borrowed():
+            top, lead = self.pg.sql(
+                "SELECT h, extract(epoch FROM snowflake_to_timestamp(h) - clock_timestamp()) "
+                "FROM (SELECT max(snowflake_next_block(4096)) + 4095 AS h "
+                "      FROM generate_series(1, 5000) OFFSET 0) s")[0]
+            highest[0] = max(highest[0], top)
+            return lead > lead_s
+        wait_until(borrowed, what=f"IDs borrowed {lead_s} s ahead of the clock")
+        return highest[0]
+
     def test_restart_never_refuses_a_sane_clock(self):
         # Issue 28: with max_clock_drift = lease_window, a lease written right after IDs were
         # borrowed ahead reaches drift + window past the clock. A restart must wait for it
         # (no 58000), straight away and after a clock set back and restored; only while the
         # clock really is set back does it refuse. A 5 s window and drift keep the resume
         # point several seconds ahead whatever the restarts cost on a loaded machine.
-        self.pg.configure(snowflake__max_clock_drift="'5s'", snowflake__lease_window="'5s'")
+        drift_s = window_s = 5
+        # The furthest a lease reaches past its writer's clock with these settings (IDs
+        # borrowed max_clock_drift ahead, then the window and its widening by at most one
+        # more window): the last lease was written no earlier than its end less this.
+        reach_cap_s = drift_s + window_s + max(window_s, 0.1)
+        self.pg.configure(snowflake__max_clock_drift=f"'{drift_s}s'",
+                          snowflake__lease_window=f"'{window_s}s'")
         try:
             self.pg.set_clock_offset("+0")
             self.pg.restart()
             for clock_games in (False, True):
                 with self.subTest(clock_set_back_and_restored=clock_games):
-                    highest = self.pg.one(
-                        "SELECT max(snowflake_next_block(4096)) + 4095 FROM generate_series(1, 5000)")
-                    self.assertGreater(self.pg.one(
-                        "SELECT extract(epoch FROM snowflake_to_timestamp(%s) - clock_timestamp())",
-                        (highest,)), 2, "IDs were not borrowed ahead")
+                    highest = self.borrow_ahead(lead_s=2)
+                    lease_end = self.pg.one("SELECT lease_end FROM snowflake_stats").timestamp()
                     self.pg.stop("immediate")
                     if clock_games:
                         self.pg.set_clock_offset("-30")
                     self.pg.start()
                     if clock_games:
+                        # 30 s back is further than max_clock_drift behind the time the lease
+                        # was written only if the restart took less than 25 s; after a slower
+                        # one (a loaded machine) the clock is within the drift of it, and
+                        # waiting is right. So the call reads a stopped clock (libfaketime's
+                        # absolute time) 30 s further back than max_clock_drift before the
+                        # earliest the lease can have been written, whatever the restart cost.
+                        set_back = lease_end - reach_cap_s - drift_s - 30
                         with self.pg.connect() as conn:
+                            self.pg.set_clock_offset(
+                                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(set_back)))
                             self.assertEqual(error_of(conn, "SELECT snowflake_next()").sqlstate, "58000")
                         self.pg.set_clock_offset("+0")
                     with self.pg.connect() as conn:
