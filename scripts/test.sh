@@ -121,6 +121,20 @@ print_figures() {
     done
 }
 
+# print_durations: each major's slowest integration modules and its suite's total (wall
+# seconds, from suite.py), for the time budget in docs/testing.md.
+print_durations() {
+    local f m
+    for f in "$SNOWFLAKE_RUN_DIR"/it-pg*/durations.tsv; do
+        [ -s "$f" ] || continue
+        m="${f%/durations.tsv}"
+        m="${m##*/it-pg}"
+        printf 'PostgreSQL %s integration: %s s in all; slowest: %s\n' "$m" \
+            "$(awk '{s += $1} END {print s}' "$f")" \
+            "$(head -8 "$f" | awk '{printf "%s%s %s s", (NR > 1 ? ", " : ""), $2, $1}')" >&2
+    done
+}
+
 if [ "$tier" = quick ]; then
     # The integration suites that start few clusters and wait on no lease or TTL (about
     # 3 minutes together); the full tier runs them all.
@@ -227,7 +241,7 @@ for major in $PG_MAJORS; do
         use_major "$major"
         export SNOWFLAKE_IT_BASE="$SNOWFLAKE_RUN_DIR/it-pg$major"
         cd "$REPO_ROOT/tests/integration"
-        exec /usr/bin/python3 -m unittest discover -v -p 'test_*.py'
+        exec /usr/bin/python3 suite.py  # unittest discover, timing each module
     ) >"$SNOWFLAKE_RUN_DIR/it-pg$major.log" 2>&1 &
     suite_pid[$major]=$!
     running+=("$major")
@@ -262,6 +276,7 @@ else
     done
 fi
 print_figures
+print_durations
 if [ "${#failed[@]}" -gt 0 ]; then
     log "Failed: ${failed[*]}; clusters and logs kept in $SNOWFLAKE_RUN_DIR"
     exit 1
