@@ -182,6 +182,8 @@ def check(s):
     result["faults_injected"] = sum(v["done"] for k, v in s.outcomes.items()
                                     if k not in NOT_FAULTS)
     result["member_fault_gaps"] = member_fault_gaps(s)
+    # How long each composite fault played waited for its moment (schedule.Schedule._moment).
+    result["moment_waits_s"] = sorted(getattr(s, "moment_waits", []))
     result["notes"] = s.notes
     result["ok"] = dup_count == 0 and order_violations == 0 and overlap == 0
     return result

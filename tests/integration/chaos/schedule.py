@@ -50,6 +50,7 @@ class Schedule:
         self.heal_at = None
         self.fault_start = None
         self.cold_copies = {}
+        self.moment_waits = []  # how long each composite fault played waited for its moment
 
     # -- output ----------------------------------------------------------------------
     def say(self, msg):
@@ -387,6 +388,52 @@ class Schedule:
                 w.join(10)
         self.say(f"  {n.name}: retired")
 
+    def _moment(self, nodes, ready=None, registry=False):
+        """Waits for the moment of a composite fault: the lifecycle locks of `nodes` (and the
+        registry's) taken, every one of them up, and `ready()` (True, or why not) true.
+        Under load the composites before it on the same nodes last longer and a node takes
+        longer to answer and to claim, so the moment comes later than the schedule says: the
+        fault waits for it rather than be skipped, until the end of the fault phase (the
+        plan's seconds: the hang guard of the wait). Returns None with the locks held (the
+        caller releases them), or why it is skipped. The locks are taken all or none and
+        released between two looks: no composite holds one while it waits for another (two
+        would deadlock), nor keeps a node idle that a later composite could use meanwhile."""
+        nodes = list(dict.fromkeys(nodes))
+        locks = [n.lock for n in nodes] + ([self.registry_lock] if registry else [])
+        why = ["node busy"]
+
+        def came():
+            taken = []
+            for lk in locks:
+                if not lk.acquire(blocking=False):
+                    why[0] = "registry busy" if lk is self.registry_lock else "node busy"
+                    break
+                taken.append(lk)
+            else:
+                if not all(n.up and not n.retired and postmaster_pid(n.cluster)
+                           for n in nodes):
+                    why[0] = "node down"
+                else:
+                    r = True if ready is None else ready()
+                    if r is True:
+                        return True
+                    why[0] = r
+            for lk in reversed(taken):
+                lk.release()
+            return False
+        waited = time.monotonic()
+        if wait_until(came, timeout=max(0.0, self.fault_start + self.plan.seconds - waited),
+                      poll=0.1, fail=False):
+            self.moment_waits.append(round(time.monotonic() - waited, 2))
+            return None
+        return f"skipped: {why[0]} until the end of the fault phase"
+
+    def _release(self, nodes, registry=False):
+        if registry:
+            self.registry_lock.release()
+        for n in reversed(list(dict.fromkeys(nodes))):
+            n.lock.release()
+
     def _claim_anew(self, n, down):
         """Kills the whole node, starts it again and waits until it holds a claim (a new
         token: it claims its old id only once that lapsed, or a free one)."""
@@ -401,11 +448,10 @@ class Schedule:
 
     def do_claim_then_crash(self, ev):
         n = self._node(ev)
-        if not n.lock.acquire(blocking=False):
-            return "skipped: node busy"
+        why = self._moment([n])
+        if why:
+            return why
         try:
-            if not n.up or not postmaster_pid(n.cluster):
-                return "skipped: node down"
             if not self._claim_anew(n, ev.params["down"]):
                 return "skipped: restarted, but no id free to claim"
             time.sleep(ev.params["delay"])
@@ -426,18 +472,16 @@ class Schedule:
         A's registry worker is stopped (its link cut) and the coordinator crash-restarts,
         losing A's claim; A's worker continues `cut` seconds later."""
         a, b = self._node(ev), self.nodes[ev.params["rival"]]
-        locked = []
+
+        def a_holds():
+            # A claims anew only if it held an id (its old one lapses, or a free one): a
+            # node that waits for an id would wait again after its restart.
+            st = self._claim_state(a)[0]
+            return True if st == "held" else f"{a.name}'s claim is {st}"
+        why = self._moment([a, b], ready=a_holds, registry=True)
+        if why:
+            return why
         try:
-            for n in (a, b):
-                if n in locked:
-                    continue
-                if not n.lock.acquire(blocking=False):
-                    return "skipped: node busy"
-                locked.append(n)
-            if not all(n.up and postmaster_pid(n.cluster) for n in locked):
-                return "skipped: node down"
-            if not self.registry_lock.acquire(blocking=False):
-                return "skipped: registry busy"
             worker = walwriter = None
             try:
                 walwriter = self.registry.stall_wal_writer()
@@ -462,8 +506,7 @@ class Schedule:
                 time.sleep(ev.params["cut"])
                 send(worker, signal.SIGCONT)
         finally:
-            for n in locked:
-                n.lock.release()
+            self._release([a, b])
 
     def _claim_state(self, n, conn=None):
         """(claim_status, worker_id) of a node, or (None, None) if it does not answer."""
@@ -548,16 +591,18 @@ class Schedule:
     def do_handover(self, ev):
         p = ev.params
         holder = self._node(ev)
-        if not holder.lock.acquire(blocking=False):
-            return "skipped: node busy"
+        held = [None]
+
+        def holds():
+            st, held[0] = self._claim_state(holder)
+            return True if st == "held" else f"the holder's claim is {st}"
+        why = self._moment([holder], ready=holds)
+        if why:
+            return why
+        worker = held[0]
         watcher = extra = None
         done = threading.Event()
         try:
-            if not holder.up:
-                return "skipped: node down"
-            st, worker = self._claim_state(holder)
-            if st != "held":
-                return f"skipped: the holder's claim is {st}"
             waiters = [n for n in list(self.nodes.values())
                        if n is not holder and n.up and not n.retired
                        and self._claim_state(n)[0] not in ("held", None)]
@@ -574,8 +619,11 @@ class Schedule:
                     self.registry.free(self.plan.datacenter, f"temp-{ev.seq}")
                     return clone
                 extra = (clone, filler)
+                # A hang guard: the fault phase's end, or 5 claim_ttl (what a restarted node
+                # is given to claim) for a clone started just before it.
                 wait_until(lambda: self._claim_state(clone)[0] in ("exhausted", "held"),
-                           timeout=15, fail=False)
+                           timeout=max(self.fault_start + self.plan.seconds - time.monotonic(),
+                                       5 * self.plan.ttl_ms / 1000.0), fail=False)
                 if self._claim_state(clone)[0] != "exhausted":
                     return "skipped: the clone did not wait for an id"
                 waiters = [clone]
