@@ -293,7 +293,14 @@ class RestartAfterFaults(unittest.TestCase):
                         with self.pg.connect() as conn:
                             self.pg.set_clock_offset(
                                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(set_back)))
-                            self.assertEqual(error_of(conn, "SELECT snowflake_next()").sqlstate, "58000")
+                            e = error_of(conn, "SELECT snowflake_next()")
+                        # Refused at once for the clock behind the lease: not waited on, which
+                        # a stopped clock would end with "system clock is not advancing".
+                        self.assertEqual(e.sqlstate, "58000")
+                        self.assertRegex(e.diag.message_primary,
+                                         r"^system clock (moved backwards by|is) \d+ ms")
+                        self.assertIn(f"at most {drift_s * 1000} ms is allowed",
+                                      e.diag.message_detail)
                         self.pg.set_clock_offset("+0")
                     with self.pg.connect() as conn:
                         conn.execute(f"SET statement_timeout = '{HANG_GUARD}s'")  # a hang guard

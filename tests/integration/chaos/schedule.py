@@ -402,28 +402,46 @@ class Schedule:
         locks = [n.lock for n in nodes] + ([self.registry_lock] if registry else [])
         why = ["node busy"]
 
+        def looks_ready():
+            if not all(n.up and not n.retired and postmaster_pid(n.cluster) for n in nodes):
+                why[0] = "node down"
+                return False
+            r = True if ready is None else ready()
+            if r is not True:
+                why[0] = r
+                return False
+            return True
+
         def came():
+            # A look without the locks first: a look that takes them while it connects to
+            # check readiness would make the simple faults, which take theirs without
+            # waiting, skip. Then the locks, and the same look again under them.
+            busy = [lk for lk in locks if lk.locked()]
+            if busy:
+                why[0] = "registry busy" if busy[0] is self.registry_lock else "node busy"
+                return False
+            if not looks_ready():
+                return False
             taken = []
-            for lk in locks:
-                if not lk.acquire(blocking=False):
-                    why[0] = "registry busy" if lk is self.registry_lock else "node busy"
-                    break
-                taken.append(lk)
-            else:
-                if not all(n.up and not n.retired and postmaster_pid(n.cluster)
-                           for n in nodes):
-                    why[0] = "node down"
+            try:
+                for lk in locks:
+                    if not lk.acquire(blocking=False):
+                        why[0] = "registry busy" if lk is self.registry_lock else "node busy"
+                        break
+                    taken.append(lk)
                 else:
-                    r = True if ready is None else ready()
-                    if r is True:
+                    if looks_ready():
                         return True
-                    why[0] = r
+            except BaseException:
+                for lk in reversed(taken):
+                    lk.release()
+                raise
             for lk in reversed(taken):
                 lk.release()
             return False
         waited = time.monotonic()
         if wait_until(came, timeout=max(0.0, self.fault_start + self.plan.seconds - waited),
-                      poll=0.1, fail=False):
+                      poll=0.25, fail=False):
             self.moment_waits.append(round(time.monotonic() - waited, 2))
             return None
         return f"skipped: {why[0]} until the end of the fault phase"
