@@ -380,7 +380,11 @@ def supported(uri):
                 decided[0] = True  # it tried to reach the registry
                 return True
             return False
-        wait_until(tried, timeout=10, poll=0.1, fail=False)
+        # A wait on the probe's answer, its timeout a hang guard: a short one made a loaded
+        # run skip whole classes as "not supported" without a word.
+        if not wait_until(tried, timeout=HANG_GUARD, poll=0.1, fail=False):
+            raise AssertionError(f"the probe node neither tried {key[1]}:// "
+                                 f"nor refused it in {HANG_GUARD} s\n{c.log()[-2000:]}")
         verdict = decided[0]
     _probe["cache"][key] = verdict
     return verdict
@@ -555,12 +559,24 @@ class HABase(unittest.TestCase):
                                  + "; ".join(w.summary(since) for w in writers) + "\n"
                                  + "\n".join(log_tail(w.cluster) for w in writers)) from None
         settled = time.monotonic()
-        time.sleep(1.0)
-        for w in writers:
-            self.assertFalse(w.errors_since(settled),
-                             f"{what}: {w.cluster.name} failed again after resuming: "
-                             f"{w.summary(since)}")
+        time.sleep(1.0)  # scenario: a second of real time after resuming
+        self.assert_quiet_since(writers, settled, f"{what}: failed again after resuming")
         return [round(w.resume_time(since), 2) for w in writers]
+
+    def assert_quiet_since(self, writers, since, what):
+        """No writer failed a call since `since`. That rests on each renewal meanwhile
+        completing within its fence: asserted when the scheduling delay measured over the
+        interval left that room (LAG_STEPS times it below fence - heartbeat), as in
+        assert_no_error; otherwise the errors are a figure. Only 55000 is ever allowed."""
+        lag = scheduling_delay(since - LAG_HISTORY_S)
+        errors = {w.cluster.name: [e[1] for e in w.errors_since(since)] for w in writers}
+        self.assertEqual({c for es in errors.values() for c in es} - {"55000"}, set(),
+                         f"{what}: {errors}")
+        if LAG_STEPS * lag < self.TTL / 2 - self.TTL / 5:
+            for w in writers:
+                self.assertFalse(w.errors_since(since), f"{what}: {w.summary(since)}")
+        elif any(errors.values()):
+            report_figure(what, f"{errors}; scheduling delay {lag:.3f} s (not asserted)")
 
     def check_password(self, password, good, *refused):
         """The node given the password in its file issues; each refused node (no password,
@@ -751,6 +767,18 @@ class EtcdRegistry(HABase):
                             f"{what}: {w.cluster.name} issued nothing for {gap:.2f} s")
         return True
 
+    def assert_holding(self, no_error_asserted, *nodes):
+        """Every node holds a claim: at once when assert_no_error asserted that no call
+        failed (no claim was lost); otherwise once it has claimed again, since a holder fenced
+        on a loaded machine claims anew and an etcd grant is quarantined first (a wait whose
+        timeout only guards against a hang)."""
+        def holding():
+            return [claim_state(n)[0] for n in nodes] == ["held"] * len(nodes)
+        if no_error_asserted:
+            self.assertTrue(holding(), [claim_state(n) for n in nodes])
+        else:
+            wait_until(holding, what=f"{', '.join(n.name for n in nodes)} holding a claim")
+
     def member_in_use(self, etcd, nodes):
         """The member the nodes' registry workers talk to (most connections), made the
         leader: a fault there costs both a lost or hung connection and an election."""
@@ -780,11 +808,11 @@ class EtcdRegistry(HABase):
         self.stop_writers(wa, wb)
         # The refused connection moves a renewal to the next member at once: the renewal
         # due a heartbeat after the last one has the rest of the fence for the election.
-        self.assert_no_error([wa, wb], killed_at, until, "etcd leader SIGKILL",
-                             slack_s=self.TTL / 2 - self.TTL / 5 - election,
-                             detail=f"; new leader after {election:.2f} s (node connections "
-                                    f"per member {in_use})")
-        self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
+        asserted = self.assert_no_error([wa, wb], killed_at, until, "etcd leader SIGKILL",
+                                        slack_s=self.TTL / 2 - self.TTL / 5 - election,
+                                        detail=f"; new leader after {election:.2f} s (node "
+                                               f"connections per member {in_use})")
+        self.assert_holding(asserted, a, b)
         self.assert_no_duplicates(wa.got, wb.got)
 
     def test_member_frozen_past_the_ttl(self):
@@ -846,14 +874,14 @@ class EtcdRegistry(HABase):
             broken.append(f"the members revoked {revoked:.0f} lease(s) (an etcd bug)")
         if elected_after is None or elected_after > slack / 2:
             broken.append(f"the election took {'more than the outage' if elected_after is None else format(elected_after, '.2f') + ' s'}, over half the {slack:.1f} s slack")
-        self.assert_no_error(
+        asserted = self.assert_no_error(
             [wa, wb], stopped_at, until, "etcd member SIGSTOP", slack_s=slack,
             broken_by="; ".join(broken) or None,
             detail=f"; leader m{victim} stopped {outage:.1f} s, new leader after "
                    f"{'-' if elected_after is None else format(elected_after, '.2f')} s (node "
                    f"connections per member {in_use} before, {moved} meanwhile); writers "
                    f"resumed after {resumed} s")
-        self.assertEqual([claim_state(a)[0], claim_state(b)[0]], ["held", "held"])
+        self.assert_holding(asserted, a, b)
         self.assert_no_duplicates(wa.got, wb.got)
 
     def test_cluster_restarted_empty_settles_and_resumes(self):
@@ -1143,9 +1171,7 @@ class SentinelRegistry(HABase):
             f"resumed after {resumed} s (bound {bound:.1f} s); newcomer claimed after "
             f"{watch.held_at - killed_at:.1f} s, statuses {sorted(seen)}; "
             + "; ".join(w.summary(killed_at) for w in (wa, wb)))
-        for w in (wa, wb, wn):
-            self.assertFalse(w.errors_since(rejoined),
-                             f"errors after the old master rejoined: {w.summary(rejoined)}")
+        self.assert_quiet_since((wa, wb, wn), rejoined, "errors after the old master rejoined")
         self.assertIn("settling", seen, "the registry did not settle after the failover")
         self.assertNotIn(wc, [claim_state(a)[1], claim_state(b)[1]])
         self.assert_no_duplicates(wa.got, wb.got, wn.got)
