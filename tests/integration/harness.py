@@ -85,6 +85,15 @@ def scheduling_delay(since=None, until=None):
     return worst
 
 
+def lag_fits(slack_s, since, until=None):
+    """Whether LAG_STEPS wake-ups, each as late as the worst scheduling delay measured from
+    LAG_HISTORY_S before `since` to `until` (default: now), fit in `slack_s`: the condition
+    under which a liveness promise that rests on that slack is asserted rather than
+    reported. Returns (fits, the delay)."""
+    lag = scheduling_delay(since - LAG_HISTORY_S, until)
+    return LAG_STEPS * lag < slack_s, lag
+
+
 def liveness_bound(settings_s, since=None, until=None):
     """A liveness bound (s): `settings_s`, what the settings under test allow, plus the
     margin, plus LAG_STEPS times the scheduling delay measured from LAG_HISTORY_S before

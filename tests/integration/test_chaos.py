@@ -59,8 +59,9 @@ class ShortChaosCampaign(unittest.TestCase):
         # Not a vacuous run. A composite fault waits for its moment (its nodes free, the
         # holder holding an id) until the end of the fault phase, and is skipped only if it
         # did not come by then: on a loaded machine, where each composite lasts longer, a
-        # 40 s schedule of composites plays fewer of them, but never none.
-        self.assertGreaterEqual(result["faults_injected"], 1 if kinds else 4, report)
+        # 40 s schedule of composites plays fewer of them (none only if no holder held an
+        # id in the whole phase).
+        self.assertGreaterEqual(played, 1 if kinds else 4, report)
         self.assertGreater(result["ids_checked"], 1000, report)
         found = {k: result[k] for k in ("duplicates", "session_order_violations",
                                         "overlap_violations")}

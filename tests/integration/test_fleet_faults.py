@@ -36,7 +36,7 @@ from fixtures.clusters import Writer, node
 from fixtures.ids import duplicates, ids
 from fixtures.processes import kill_server, signal_pending
 from fixtures.registries import Coordinator, EtcdCluster, Redis, free_port, wait_started
-from fixtures.waits import refusal, wait_claimed, wait_status
+from fixtures.waits import fence_line, refusal, wait_claimed, wait_status
 
 DC = 1
 WORKERS = 32
@@ -780,7 +780,7 @@ class RedisFaults(FleetFaultBase):
             the interference as B's do (a figure)."""
             log_a = a.log()
             changed = log_a.find("changed under each of")
-            fenced = log_a.find(f"stopped issuing IDs with worker id {wa} ")
+            fenced = log_a.find(fence_line(wa))
             if fenced < 0:
                 self.assertLess(changed, 0, "a renewal of A's was refused for the version")
                 return False

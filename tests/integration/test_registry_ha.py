@@ -36,8 +36,8 @@ import urllib.request
 
 import psycopg
 
-from harness import (BASE, HANG_GUARD, LAG_HISTORY_S, LAG_STEPS, PG_MAJOR, Cluster,
-                     liveness_bound, report_figure, scheduling_delay, wait_live, wait_until)
+from harness import (BASE, HANG_GUARD, LAG_STEPS, PG_MAJOR, Cluster, lag_fits,
+                     liveness_bound, report_figure, wait_live, wait_until)
 from fixtures.ids import decode, duplicates
 from fixtures.processes import registry_worker_pid
 from fixtures.registries import (CoordinatorPair, EtcdCluster, PasswordRedis, SentinelSet, free_ports,
@@ -568,11 +568,11 @@ class HABase(unittest.TestCase):
         completing within its fence: asserted when the scheduling delay measured over the
         interval left that room (LAG_STEPS times it below fence - heartbeat), as in
         assert_no_error; otherwise the errors are a figure. Only 55000 is ever allowed."""
-        lag = scheduling_delay(since - LAG_HISTORY_S)
+        fits, lag = lag_fits(self.TTL / 2 - self.TTL / 5, since)
         errors = {w.cluster.name: [e[1] for e in w.errors_since(since)] for w in writers}
         self.assertEqual({c for es in errors.values() for c in es} - {"55000"}, set(),
                          f"{what}: {errors}")
-        if LAG_STEPS * lag < self.TTL / 2 - self.TTL / 5:
+        if fits:
             for w in writers:
                 self.assertFalse(w.errors_since(since), f"{what}: {w.summary(since)}")
         elif any(errors.values()):
@@ -747,13 +747,13 @@ class EtcdRegistry(HABase):
         and otherwise only reported as a figure, the run's delay beside it. Always asserted: a
         node that fails a call refuses with 55000, nothing else. Returns whether the run
         kept within the slack (the no-error promise was asserted)."""
-        lag = scheduling_delay(since - LAG_HISTORY_S, until)
-        scheduled = LAG_STEPS * lag < slack_s and not broken_by
+        fits, lag = lag_fits(slack_s, since, until)
+        scheduled = fits and not broken_by
         errors = [e for w in writers for e in w.errors_since(since) if e[0] <= until]
         gaps = [round(w.max_gap(since, until), 2) for w in writers]
         report_figure(what, f"{len(errors)} errors, longest pauses {gaps} s, "
                       f"{sum(len(w.got) for w in writers)} IDs; scheduling delay {lag:.3f} s "
-                      f"({'within' if LAG_STEPS * lag < slack_s else 'beyond'} the "
+                      f"({'within' if fits else 'beyond'} the "
                       f"{slack_s:.1f} s slack{'; ' + broken_by if broken_by else ''}: "
                       f"{'asserted' if scheduled else 'not asserted'}){detail}")
         summaries = "; ".join(w.summary(since) for w in writers)

@@ -412,33 +412,32 @@ class Schedule:
                 return False
             return True
 
+        def busy(lk):
+            why[0] = "registry busy" if lk is self.registry_lock else "node busy"
+            return False
+
         def came():
             # A look without the locks first: a look that takes them while it connects to
             # check readiness would make the simple faults, which take theirs without
             # waiting, skip. Then the locks, and the same look again under them.
-            busy = [lk for lk in locks if lk.locked()]
-            if busy:
-                why[0] = "registry busy" if busy[0] is self.registry_lock else "node busy"
-                return False
+            for lk in locks:
+                if lk.locked():
+                    return busy(lk)
             if not looks_ready():
                 return False
             taken = []
             try:
                 for lk in locks:
                     if not lk.acquire(blocking=False):
-                        why[0] = "registry busy" if lk is self.registry_lock else "node busy"
-                        break
+                        return busy(lk)
                     taken.append(lk)
-                else:
-                    if looks_ready():
-                        return True
-            except BaseException:
+                if looks_ready():
+                    taken = []  # kept: the caller releases them
+                    return True
+                return False
+            finally:  # also when a look raises: heal() would wait for them for ever
                 for lk in reversed(taken):
                     lk.release()
-                raise
-            for lk in reversed(taken):
-                lk.release()
-            return False
         waited = time.monotonic()
         if wait_until(came, timeout=max(0.0, self.fault_start + self.plan.seconds - waited),
                       poll=0.25, fail=False):
@@ -446,9 +445,7 @@ class Schedule:
             return None
         return f"skipped: {why[0]} until the end of the fault phase"
 
-    def _release(self, nodes, registry=False):
-        if registry:
-            self.registry_lock.release()
+    def _release(self, nodes):
         for n in reversed(list(dict.fromkeys(nodes))):
             n.lock.release()
 
