@@ -373,6 +373,28 @@ fn run_until<T, E: Into<RegistryError>>(
 /// The cost is one connection (and one check of the tables) per node per lifetime.
 const CONNECTION_LIFETIME_IN_TIMEOUTS: u32 = 15;
 
+/// No host of the URI took a connection: why, and the indexes of the hosts that refused it
+/// because they are shutting down (57P03).
+struct NotConnected {
+    error: RegistryError,
+    shutting_down: Vec<usize>,
+}
+
+/// One host took no connection: why, and whether it refused because it is shutting down.
+struct HostRefused {
+    error: RegistryError,
+    shutting_down: bool,
+}
+
+impl From<RegistryError> for HostRefused {
+    fn from(error: RegistryError) -> Self {
+        HostRefused {
+            error,
+            shutting_down: false,
+        }
+    }
+}
+
 /// A PostgreSQL coordinator.
 pub struct PgRegistry {
     config: tokio_postgres::Config,
@@ -383,12 +405,8 @@ pub struct PgRegistry {
     /// When `client` was connected; it is replaced once older than `lifetime`.
     connected_at: Instant,
     lifetime: Duration,
-    /// The URI's host index of `client`, and the hosts that refused the last connection
-    /// attempt because they are shutting down (57P03).
+    /// The URI's host index of `client`.
     connected_host: usize,
-    shutting_down: Vec<usize>,
-    /// Whether the last `connect_one` was refused with 57P03.
-    refused_shutting_down: bool,
     rt: tokio::runtime::Runtime,
     budget: Arc<Budget>,
     timeout: Duration,
@@ -461,8 +479,6 @@ impl PgRegistry {
             connection_task: None,
             connected_at: Instant::now(),
             connected_host: 0,
-            shutting_down: Vec::new(),
-            refused_shutting_down: false,
             lifetime: timeout * CONNECTION_LIFETIME_IN_TIMEOUTS,
             rt,
             budget: Arc::new(Budget {
@@ -480,12 +496,15 @@ impl PgRegistry {
 
     /// Connects to the first host of the URI that answers (and accepts writes, with
     /// `target_session_attrs=read-write`), within `deadline`, through [`Bounded`].
-    fn connect(&mut self, deadline: Instant) -> Result<tokio_postgres::Client> {
+    fn connect(
+        &mut self,
+        deadline: Instant,
+    ) -> std::result::Result<tokio_postgres::Client, NotConnected> {
         let hosts = self.config.get_hosts().to_vec();
         let ports = self.config.get_ports().to_vec();
         let hostaddrs = self.config.get_hostaddrs().to_vec();
         let mut errors = Vec::new();
-        self.shutting_down.clear();
+        let mut shutting_down = Vec::new();
         for (i, host) in hosts.iter().enumerate() {
             let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
             match self.connect_one(host, hostaddrs.get(i).copied(), port, deadline) {
@@ -493,17 +512,22 @@ impl PgRegistry {
                     self.connected_host = i;
                     return Ok(client);
                 }
-                Err(e) => errors.push(e.0),
-            }
-            if self.refused_shutting_down {
-                self.shutting_down.push(i);
+                Err(e) => {
+                    if e.shutting_down {
+                        shutting_down.push(i);
+                    }
+                    errors.push(e.error.0);
+                }
             }
         }
-        Err(RegistryError(if errors.is_empty() {
-            "the coordinator URI names no host".into()
-        } else {
-            errors.join("; ")
-        }))
+        Err(NotConnected {
+            error: RegistryError(if errors.is_empty() {
+                "the coordinator URI names no host".into()
+            } else {
+                errors.join("; ")
+            }),
+            shutting_down,
+        })
     }
 
     fn connect_one(
@@ -512,8 +536,7 @@ impl PgRegistry {
         hostaddr: Option<std::net::IpAddr>,
         port: u16,
         deadline: Instant,
-    ) -> Result<tokio_postgres::Client> {
-        self.refused_shutting_down = false;
+    ) -> std::result::Result<tokio_postgres::Client, HostRefused> {
         let budget = Arc::clone(&self.budget);
         let (socket, name, unix): (Box<dyn Io>, String, bool) = match host {
             Host::Tcp(name) => {
@@ -539,29 +562,29 @@ impl PgRegistry {
             inner: socket,
             budget,
         };
-        let tls = MakeTlsConnect::<Bounded>::make_tls_connect(&mut self.tls, &name)?;
+        let tls = MakeTlsConnect::<Bounded>::make_tls_connect(&mut self.tls, &name)
+            .map_err(RegistryError::from)?;
         let mut config = self.config.clone();
         if unix {
             // As libpq: no TLS over a Unix socket.
             config.ssl_mode(SslMode::Disable);
         }
-        let mut refused_shutting_down = false;
+        let mut shutting_down = false;
         let connected = run_until(&self.rt, deadline, async {
             config.connect_raw(stream, tls).await.inspect_err(|e| {
-                refused_shutting_down = e.code() == Some(&SqlState::CANNOT_CONNECT_NOW);
+                shutting_down = e.code() == Some(&SqlState::CANNOT_CONNECT_NOW);
             })
         });
-        self.refused_shutting_down = refused_shutting_down;
-        let (client, connection) = connected
-            .map_err(|e| {
-                if self.tls_by_default && !unix && e.0.contains("does not support TLS") {
-                    RegistryError(format!(
-                        "{name}:{port}: the server refused TLS, and without sslmode in the URI the password is sent only over TLS (turn ssl on at the coordinator, or write sslmode=prefer in the URI to send the password in clear text)"
-                    ))
-                } else {
-                    e
-                }
-            })?;
+        let (client, connection) = connected.map_err(|e| HostRefused {
+            error: if self.tls_by_default && !unix && e.0.contains("does not support TLS") {
+                RegistryError(format!(
+                    "{name}:{port}: the server refused TLS, and without sslmode in the URI the password is sent only over TLS (turn ssl on at the coordinator, or write sslmode=prefer in the URI to send the password in clear text)"
+                ))
+            } else {
+                e
+            },
+            shutting_down,
+        })?;
         // The connection's task runs whenever a request drives the runtime.
         self.connection_task = Some(self.rt.spawn(async {
             let _ = connection.await;
@@ -579,7 +602,8 @@ impl PgRegistry {
             if read_only {
                 return Err(RegistryError(format!(
                     "{name}:{port}: the server does not accept writes"
-                )));
+                ))
+                .into());
             }
         }
         Ok(client)
@@ -600,11 +624,11 @@ impl PgRegistry {
                 self.close(old_task, deadline);
                 Ok(())
             }
-            Err(e) if self.shutting_down.contains(&old_host) => {
+            Err(e) if e.shutting_down.contains(&old_host) => {
                 self.client = None;
                 self.created = false;
                 self.close(old_task, deadline);
-                Err(e)
+                Err(e.error)
             }
             Err(_) => {
                 self.connection_task = old_task;
@@ -657,7 +681,7 @@ impl PgRegistry {
             self.replace_connection(deadline)?;
         }
         if self.client.is_none() {
-            self.client = Some(self.connect(deadline)?);
+            self.client = Some(self.connect(deadline).map_err(|e| e.error)?);
             self.connected_at = Instant::now();
         }
         let deadline = Instant::now() + self.timeout;
