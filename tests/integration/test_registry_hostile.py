@@ -28,6 +28,7 @@ from harness import (HANG_GUARD, LAG_HISTORY_S, LAG_STEPS, Cluster, report_figur
                      scheduling_delay, wait_until)
 from fixtures.processes import alive, children_of, postmaster_pid, registry_worker_pid
 from fixtures.registries import free_port, wait_started
+from fixtures.waits import logged_failure_causes
 
 TTL = "2s"
 TTL_MS = 2000
@@ -483,17 +484,6 @@ class CoordinatorLookAlikeTest(unittest.TestCase):
                                 "ON n.oid = c.relnamespace WHERE n.nspname = 'trap'",
                                 dbname="reg")[0][0]
         self.assertEqual(tables, 0, "tables created in another role's schema")
-
-
-def logged_failure_causes(log):
-    """The DETAIL of each "a request to registry ... failed" LOG line, in order."""
-    lines = log.splitlines()
-    causes = []
-    for i, line in enumerate(lines):
-        if "LOG:  snowflake: a request to registry" in line:
-            detail = next((d for d in lines[i + 1:i + 3] if "DETAIL:  " in d), "")
-            causes.append(detail.split("DETAIL:  ", 1)[-1])
-    return causes
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from harness import HANG_GUARD, Cluster, assert_live, report_figure, wait_live, 
 from fixtures.clusters import PRELOAD, TTL, TTL_S, Writer
 from fixtures.ids import duplicates, workers_of
 from fixtures.registries import free_port
-from fixtures.waits import claim_state, wait_claimed
+from fixtures.waits import claim_state, logged_failure_causes, wait_claimed
 
 REGISTRY_DB = "snowflake_registry"
 HEARTBEAT_S = TTL_S / 5
@@ -30,6 +30,9 @@ SETTLE_S = TTL_S + TTL_S / 5
 CONNECTION_LIFETIME_S = 3 * TTL_S
 # The worker's release at shutdown waits at most 1 s (src/fleet/runner.rs).
 SHUTDOWN_RELEASE_S = 1.0
+# What PostgreSQL 15 to 18 say to a role that is not a superuser when only reserved slots are
+# left.
+NO_SLOT = "remaining connection slots are reserved"
 
 
 class RegistryOnANode(unittest.TestCase):
@@ -169,29 +172,68 @@ class RegistryOnANode(unittest.TestCase):
         return {r[0] for r in self.host.sql(
             "SELECT pid FROM pg_stat_activity WHERE application_name = 'snowflake registry'")}
 
+    def take_every_free_slot(self, held):
+        """Connects as the role filler until the host has no slot left for a role that is not
+        a superuser, and returns the registry sessions then (one per node).
+
+        A refused connection does not show that: the test's own sessions come and go (a
+        superuser's takes a slot while it lasts, and its backend ends after the client has
+        gone), and a node may be replacing its connection (made first: the new one took a
+        slot, and the old one is about to give its own back). So the host is counted: the
+        slots are full when the filler's sessions and the nodes' take every slot but the
+        reserved ones. A session still starting (not yet shown) or ending (no longer shown)
+        makes the count smaller, never larger, and the filler then tries again. A node
+        whose request failed meanwhile drops its connection: the filler gives a slot back
+        rather than take the one it needs."""
+        def full():
+            fillers, registry, slots = self.host.sql(
+                "SELECT count(*) FILTER (WHERE usename = 'filler'),"
+                " count(*) FILTER (WHERE application_name = 'snowflake registry'),"
+                " current_setting('max_connections')::int"
+                " - current_setting('superuser_reserved_connections')::int"
+                " - coalesce(current_setting('reserved_connections', true)::int, 0)"
+                " FROM pg_stat_activity WHERE backend_type = 'client backend'")[0]
+            if registry < 3:
+                if held:
+                    held.pop().close()
+                return False
+            if registry == 3 and fillers + registry >= slots:
+                return True
+            try:
+                held.append(psycopg.connect(host=self.host.dir, port=self.host.port,
+                                            user="filler", dbname="postgres"))
+            except psycopg.OperationalError:
+                pass  # a slot taken for a while: counted again
+            return False
+
+        wait_until(full, what="every slot of the host taken")
+        return self.registry_sessions()
+
     def test_a_role_taking_every_free_slot_stops_no_connected_node(self):
         """A connection past its lifetime is replaced by one made first: with every free
         slot of the host taken by an ordinary role, each node keeps its session and renews
         on it. A first version closed the old connection first, and so gave its slot away:
         this test saw every session replaced (the node got its own slot back, the filler
         here not trying again), and an adversarial review's filler, connecting in a loop,
-        took the freed slots and stopped the whole fleet for 50 s."""
+        took the freed slots and stopped the whole fleet for 50 s.
+
+        A session may still be replaced for another reason: a request that failed (a
+        timeout on a loaded machine) drops the connection, and the node connects again into
+        the slot it freed. The node logs the failure's cause; where one other than a refused
+        slot is logged, a replaced session is a figure, not a failure. The renewals are
+        asserted in every case."""
         a, b = self.join("a"), self.join("b")
         nodes = (self.host, a, b)
         for c in nodes:
             wait_claimed(c)
         writers = self.writers([a, b])
-        sessions = self.registry_sessions()
-        self.assertEqual(len(sessions), 3, sessions)
         self.host.sql("CREATE ROLE filler LOGIN")
         held = []
         self.addCleanup(lambda: [f.close() for f in held])
-        while True:  # every slot but superuser_reserved_connections'
-            try:
-                held.append(psycopg.connect(host=self.host.dir, port=self.host.port,
-                                            user="filler", dbname="postgres"))
-            except psycopg.OperationalError:
-                break
+        logged = {c.name: len(c.log()) for c in nodes}
+        # Read once the slots are taken: a connection that passed its lifetime while the
+        # filler was still connecting was rightly replaced (CI saw it, on a loaded machine).
+        sessions = self.take_every_free_slot(held)
         began = self.host.one("SELECT clock_timestamp()")
         since = time.monotonic()
         # Renewed after every connection passed its lifetime: its claim then expires later
@@ -201,7 +243,19 @@ class RegistryOnANode(unittest.TestCase):
             (began, CONNECTION_LIFETIME_S + HEARTBEAT_S + TTL_S)) for c in nodes),
             CONNECTION_LIFETIME_S + 2 * HEARTBEAT_S, since=since,
             what="every node renewing past its connection's lifetime, with no slot free")
-        self.assertLessEqual(sessions, self.registry_sessions(),
+        kept = sessions & self.registry_sessions()
+        # A node that closed its connection before making the new one logs a refused
+        # connection (no slot), or nothing when it got its own slot back: only another
+        # cause, logged first, shows a connection dropped after a failed request.
+        dropped = {c.name: cause for c in nodes
+                   for cause in logged_failure_causes(c.log()[logged[c.name]:])
+                   if NO_SLOT not in cause}
+        if dropped:
+            report_figure("registry sessions kept with no slot free",
+                          f"{len(kept)} of {len(sessions)}; a request failed meanwhile: "
+                          f"{dropped} (its connection dropped and made again)")
+        else:
+            self.assertEqual(kept, sessions,
                              "the nodes kept their sessions while no slot was free")
         for f in held:
             f.close()
